@@ -66,6 +66,8 @@ class SourceConfig:
     """Field (JSON Lines) or column (Parquet) holding the document text."""
     id_field: str = ""
     """Optional field/column with a document id; by default the file name or row number."""
+    max_documents: int = 0
+    """Take at most this many documents from the source (0: all), for quick runs and tests."""
 
 
 @dataclass

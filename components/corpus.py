@@ -71,7 +71,7 @@ class IngestStats:
     def note(self, reason: str, where: str) -> None:
         """Count a dropped input and remember the first few places, for the log and stats."""
         self.dropped[reason] += 1
-        if len(self.problems) < 50:  # the first few by name; the counts cover the rest
+        if len(self.problems) < 20:  # the first few by name; the counts cover the rest
             self.problems.append(f"{where}: {reason}")
             log.warning("ingest: dropped %s (%s)", where, reason)
 
@@ -234,6 +234,8 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
         for source in cfg.sources:
             for local_id, text in iter_source(source, root, packages_dir, stats,
                                               cfg.fallback_encoding):
+                if source.max_documents and stats.documents[source.name] >= source.max_documents:
+                    break
                 where = f"{source.name}:{local_id}"
                 if not text.strip():
                     stats.note("empty", where)
@@ -251,6 +253,9 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
                 if size >= cfg.shard_bytes:
                     flush()
         flush()
+        if len(stats.problems) < sum(stats.dropped.values()):
+            log.warning("ingest: %d inputs dropped in all: %s", sum(stats.dropped.values()),
+                        dict(stats.dropped))
         if stats.shards == 0:
             raise DataError(f"ingest: no documents in any source ({', '.join(names)}); "
                             f"dropped: {dict(stats.dropped) or 'none'}")

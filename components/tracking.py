@@ -1,0 +1,138 @@
+"""MLflow runs: one per pipeline run, one nested per stage, with params, stats and lineage tags.
+
+Uses the explicit `MlflowClient` (no process-global active run), so stages can run in any thread
+or process and nest under a parent run by id. Imports no other stage module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.config import TrackingConfig, flatten
+
+PARENT_TAG = "mlflow.parentRunId"
+_MAX_PARAM = 6000  # MLflow's limit on a param value
+
+
+def tracking_uri(cfg: TrackingConfig, root: Path) -> str:
+    """The tracking URI, with a relative sqlite path taken from the project root."""
+    prefix = "sqlite:///"
+    if cfg.uri.startswith(prefix) and not cfg.uri.startswith(prefix + "/"):
+        return prefix + str((root / cfg.uri[len(prefix):]).resolve())
+    return cfg.uri
+
+
+def _artifact_location(cfg: TrackingConfig, root: Path) -> str:
+    if "://" in cfg.artifacts:
+        return cfg.artifacts
+    return (root / cfg.artifacts).resolve().as_uri()
+
+
+def client(cfg: TrackingConfig, root: Path):
+    """An MlflowClient on the project's store."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri(cfg, root))
+
+
+def experiment_id(cfg: TrackingConfig, root: Path) -> str:
+    """Id of the configured experiment, created (with the artifact folder) on first use."""
+    c = client(cfg, root)
+    exp = c.get_experiment_by_name(cfg.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(cfg.experiment,
+                                   artifact_location=_artifact_location(cfg, root))
+    except Exception:  # another process created it first
+        exp = c.get_experiment_by_name(cfg.experiment)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+@dataclass
+class Run:
+    """An open MLflow run; log through it, it is closed by `run()`."""
+
+    client: Any
+    run_id: str
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Log (nested) params flattened to dotted keys."""
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:_MAX_PARAM]) for k, v in sorted(flatten(params).items())]
+        for start in range(0, len(items), 100):  # MLflow's batch limit for params
+            self.client.log_batch(self.run_id, params=items[start:start + 100])
+
+    def log_metrics(self, stats: dict[str, Any], step: int = 0) -> None:
+        """Log every finite number in (nested) `stats` as a metric; other values are skipped."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(_metric_key(k), float(v), now, step)
+            for k, v in sorted(flatten(stats).items())
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Set tags (values as strings)."""
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        """Upload a file or a whole folder."""
+        if Path(path).is_dir():
+            self.client.log_artifacts(self.run_id, str(path), folder)
+        else:
+            self.client.log_artifact(self.run_id, str(path), folder)
+
+
+def _metric_key(key: str) -> str:
+    # MLflow keys allow alphanumerics, _ - . space / : only.
+    return "".join(ch if ch.isalnum() or ch in "_-. /" else "_" for ch in key)
+
+
+@contextlib.contextmanager
+def run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str | None = None,
+        tags: dict[str, Any] | None = None) -> Iterator[Run]:
+    """Open a run (nested under `parent_run_id` if given); FINISHED on success, FAILED on error."""
+    c = client(cfg, root)
+    all_tags = {k: str(v) for k, v in (tags or {}).items()}
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    created = c.create_run(experiment_id(cfg, root), run_name=name, tags=all_tags)
+    handle = Run(c, created.info.run_id)
+    try:
+        yield handle
+    except BaseException as e:
+        handle.set_tags({"bertflow.error": f"{type(e).__name__}: {e}"[:5000]})
+        c.set_terminated(handle.run_id, "FAILED")
+        raise
+    c.set_terminated(handle.run_id, "FINISHED")
+
+
+def git_state(root: Path) -> dict[str, str]:
+    """Lineage tags for the code: commit, and whether tracked files differ from it."""
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"git.commit": "none"}
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"git.commit": commit, "git.dirty": str(dirty).lower()}

@@ -1,0 +1,26 @@
+"""Quiet, offline-safe defaults for the libraries the pipeline drives (set only if unset)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+DEFAULTS = {
+    "DVC_NO_ANALYTICS": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # else a "database is locked" heartbeat error
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",  # the default 20 s timed out once
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "components,pipeline",  # our logs in Prefect's run logs
+    "HF_HUB_OFFLINE": "1",  # nothing is ever fetched from a hub
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def configure() -> None:
+    """Apply DEFAULTS to os.environ and set up plain logging; called once by the CLI."""
+    for key, value in DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("great_expectations", "alembic", "urllib3", "httpx", "dvc"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,113 @@
+"""The stages: what each reads from params.yaml and which component function it calls.
+
+`run_stage` is what both `bertflow stage NAME` (called by dvc.yaml) and the Prefect flow run, so
+the two paths share every line that matters. Stage order here is the DAG order of dvc.yaml.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.config import Params, load_params, to_dict
+
+log = logging.getLogger(__name__)
+PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage."""
+
+    name: str
+    run: Callable[[Params, Path], dict]
+    """Calls the component function with paths resolved against the project root."""
+    params: tuple[str, ...]
+    """params.yaml keys it reads: exactly dvc.yaml's `params:` list (a test keeps them equal)."""
+    artifacts: Callable[[Params, Path], list[Path]] = field(default=lambda p, root: [])
+    """Small outputs to attach to the MLflow run besides the stats."""
+
+
+def _ingest(p: Params, root: Path) -> dict:
+    from components.corpus import ingest
+
+    return ingest(p.ingest, root, root / p.paths.packages, root / p.paths.raw)
+
+
+def _clean(p: Params, root: Path) -> dict:
+    from components.corpus import clean
+
+    return clean(p.clean, p.executor, root / p.paths.raw, root / p.paths.clean)
+
+
+def _tokenizer(p: Params, root: Path) -> dict:
+    from components.tokenizer import train_tokenizer
+
+    return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
+                           max_len=p.model.max_position)
+
+
+def _pairs(p: Params, root: Path) -> dict:
+    from components.pairs import make_pairs
+
+    return make_pairs(p.pairs, p.executor, root / p.paths.clean, root / p.paths.tokenizer,
+                      root / p.paths.pairs)
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in [
+    Stage("ingest", _ingest, ("ingest",)),
+    Stage("clean", _clean, ("clean",)),
+    Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position"),
+          artifacts=lambda p, root: [root / p.paths.tokenizer]),
+    Stage("pairs", _pairs, ("pairs",)),
+]}
+
+
+def metrics_file(p: Params, root: Path, stage: str) -> Path:
+    """Where a stage's stats go (a DVC metrics file, kept in git)."""
+    return root / p.paths.metrics / f"{stage}_stats.json"
+
+
+def lookup(data: dict, dotted: str) -> Any:
+    """`lookup(d, "a.b")` is `d["a"]["b"]`."""
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) -> dict:
+    """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags.
+
+    Lineage: the git commit and the hashes DVC records in dvc.lock for the stage's deps.
+    """
+    from components import tracking
+    from components.io import write_json
+    from pipeline import versioning
+
+    stage = STAGES[name]
+    params_path = Path(params_path).resolve()
+    root = params_path.parent
+    p = load_params(params_path)
+    parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
+    tags = {"bertflow.stage": name, "bertflow.params_file": str(params_path),
+            **tracking.git_state(root)}
+    if versioning.is_dvc_project(root):
+        tags.update(versioning.dep_hashes(root, name))
+    with tracking.run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags) as run:
+        run.log_params({key: lookup(to_dict(p), key) for key in stage.params})
+        start = time.perf_counter()
+        stats = stage.run(p, root)
+        seconds = time.perf_counter() - start
+        out = metrics_file(p, root, name)
+        write_json(out, stats)
+        run.log_metrics({**stats, "seconds": seconds})
+        run.log_artifact(out)
+        for path in stage.artifacts(p, root):
+            run.log_artifact(path, path.name)
+    log.info("stage %s done in %.1f s", name, seconds)
+    return stats

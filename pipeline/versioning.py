@@ -1,0 +1,55 @@
+"""DVC as the single source of truth for data versions: staleness, lock records, dep hashes.
+
+The Prefect flow asks DVC whether a stage is stale, runs the stage function, then records the
+result with `dvc commit`: dvc.lock and the cache end up exactly as `dvc repro` leaves them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def is_dvc_project(root: Path) -> bool:
+    """True if `root` has a dvc.yaml and an initialised .dvc folder."""
+    return (root / "dvc.yaml").is_file() and (root / ".dvc").is_dir()
+
+
+@contextlib.contextmanager
+def _repo(root: Path) -> Iterator:
+    from dvc.repo import Repo
+
+    repo = Repo(str(root))
+    try:
+        yield repo
+    finally:
+        repo.close()
+
+
+def is_stale(root: Path, stage: str) -> bool:
+    """Whether DVC would rerun `stage` now (changed deps, params, cmd, or missing outs)."""
+    with _repo(root) as repo:
+        return bool(repo.status(targets=[stage]))
+
+
+def commit(root: Path, stage: str) -> None:
+    """Record the stage's current deps and outs in dvc.lock and the cache (as `dvc repro` does)."""
+    with _repo(root) as repo:
+        repo.commit(stage, force=True)
+
+
+def dep_hashes(root: Path, stage: str) -> dict[str, str]:
+    """The hashes dvc.lock records for the stage's file and folder deps, as lineage tags."""
+    tags = {}
+    with _repo(root) as repo:
+        (resolved,) = repo.stage.collect(stage)
+        for dep in resolved.deps:
+            if hasattr(dep, "params"):  # params are logged as MLflow params already
+                continue
+            try:
+                value = dep.get_hash().value
+            except Exception:  # a dep that does not exist yet
+                value = "missing"
+            tags[f"dvc.dep.{dep.def_path}"] = value
+    return tags
