@@ -390,6 +390,11 @@ def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _join(where: str, key: str) -> str:
+    """`file:` + `a` -> `file:a`; `file:a` + `b` -> `file:a.b`."""
+    return f"{where}{key}" if where.endswith(":") else f"{where}.{key}"
+
+
 def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
@@ -405,11 +410,11 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         unknown = sorted(set(value) - set(fields))
         if unknown:
             raise ConfigError(
-                f"{where}{unknown[0]}: unknown key (known keys: {', '.join(fields)})"
+                f"{_join(where, unknown[0])}: unknown key (known keys: {', '.join(fields)})"
             )
         kwargs = {}
         for name, f in fields.items():
-            key_where = f"{where}{name}" if where.endswith(":") else f"{where}.{name}"
+            key_where = _join(where, name)
             if name in value:
                 kwargs[name] = _convert(hints[name], value[name], key_where)
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -431,7 +436,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
-        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): _convert(args[1], v, _join(where, str(k))) for k, v in value.items()}
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {_describe(value)}")

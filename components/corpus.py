@@ -95,18 +95,19 @@ def decode_bytes(data: bytes, fallback: str) -> tuple[str | None, str]:
     if b"\x00" in data:
         return None, "binary"
     try:
-        return data.decode("utf-8-sig"), "ok"
+        text, status = data.decode("utf-8-sig"), "ok"
     except UnicodeDecodeError:
-        pass
-    try:
-        text = data.decode(fallback)
-    except (UnicodeDecodeError, LookupError):
-        text = data.decode("latin-1")  # decodes any byte string
-    # Binary data decoded as a single-byte encoding is mostly control characters.
-    controls = sum(1 for ch in text[:65536] if unicodedata.category(ch) == "Cc" and ch not in "\n\r\t")
-    if controls > 0.05 * min(len(text), 65536):
+        try:
+            text = data.decode(fallback)
+        except (UnicodeDecodeError, LookupError):
+            text = data.decode("latin-1")  # decodes any byte string
+        status = "fallback"
+    # Binary data without NUL bytes still decodes to mostly control characters.
+    head = text[:65536]
+    controls = sum(1 for ch in head if unicodedata.category(ch) == "Cc" and ch not in "\n\r\t")
+    if controls > 0.05 * len(head):
         return None, "binary"
-    return text, "fallback"
+    return text, status
 
 
 def _read_txt(path: Path, where: str, fallback: str, stats: IngestStats) -> str | None:
@@ -470,12 +471,6 @@ def clean(cfg: CleanConfig, executor: ExecutorConfig, raw_dir: Path, out_dir: Pa
                 part.unlink()
             os.replace(stage1 / "heldout.parquet", tmp / "heldout" / shard_name(0))
         shutil.rmtree(stage1)
-        if counts["documents_train"] == 0:
-            raise DataError(f"clean: no documents left for training after cleaning {raw_dir} "
-                            f"({_summary(counts)})")
-        if counts["documents_heldout"] == 0:
-            raise DataError(f"clean: the held-out split is empty ({counts['documents_train']} "
-                            f"documents kept); raise clean.heldout_fraction")
         sentences_out = 0
         for split in SPLITS:
             for path in list_shards(tmp / split):
@@ -484,6 +479,12 @@ def clean(cfg: CleanConfig, executor: ExecutorConfig, raw_dir: Path, out_dir: Pa
                                              cfg.max_sentence_chars,
                                              where=out_dir / split / path.name)
                 sentences_out += len(table["sentences"].combine_chunks().flatten())
+        if counts["documents_train"] == 0:
+            raise DataError(f"clean: no documents left for training after cleaning {raw_dir} "
+                            f"({_summary(counts)})")
+        if counts["documents_heldout"] == 0:
+            raise DataError(f"clean: the held-out split is empty ({counts['documents_train']} "
+                            f"documents kept); raise clean.heldout_fraction")
     counts["documents_out"] = counts["documents_train"] + counts["documents_heldout"]
     counts["sentences_out"] = sentences_out
     return _nest(counts)

