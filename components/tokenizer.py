@@ -6,6 +6,9 @@ Output folder, loadable by `tokenizers.Tokenizer.from_file`, by transformers'
   vocab.txt                 one token per line, id order (WordPiece; BPE writes vocab.json+merges.txt)
   tokenizer_config.json, special_tokens_map.json   what transformers needs to load it offline
 Both kinds mark word-internal pieces with `##`, so whole-word masking works the same for either.
+WordPiece output is byte-identical from run to run (see _canonical_ids); BPE's merge order can
+differ between runs where merges tie (huggingface/tokenizers#1794), and DVC's cache keeps the
+first result until the inputs change.
 """
 
 from __future__ import annotations
@@ -54,6 +57,29 @@ def build(cfg: TokenizerConfig):
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
     return tok, trainer
+
+
+def _canonical_ids(tok):
+    """Renumber a WordPiece vocabulary so that ids depend only on the set of pieces.
+
+    `tokenizers` 0.23 gives `##` pieces ids in hash-map order and breaks ties between merges of
+    equal count by those ids (huggingface/tokenizers#1794), so the learned order changes from
+    run to run even when the pieces do not. WordPiece looks pieces up by string, so ids are
+    only labels: specials keep 0-4, then single characters, then `##` characters, then the
+    other pieces, each group sorted. BPE keeps the trainer's ids: its merge ranks carry meaning.
+    """
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    special = [t for t in SPECIAL_TOKENS if t in vocab]
+
+    def group(t: str) -> tuple[int, str]:
+        return (0 if len(t) == 1 else 1 if t.startswith("##") and len(t) == 3 else 2), t
+
+    order = special + sorted((t for t in vocab if t not in special), key=group)
+    data["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def _add_template(tok) -> None:
@@ -125,6 +151,8 @@ def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
                         f"special tokens and an alphabet")
     tok, trainer = build(cfg)
     tok.train_from_iterator(_sentences(train), trainer)
+    if cfg.kind == "wordpiece":
+        tok = _canonical_ids(tok)
     _add_template(tok)
     vocab = tok.get_vocab_size()
     stats = {"vocab_size": vocab, "vocab_size_requested": cfg.vocab_size, "kind": cfg.kind}

@@ -74,7 +74,7 @@ def run_cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedPr
 @pytest.fixture(scope="session")
 def stages_dir(tmp_path_factory) -> Path:
     """ingest, clean and tokenizer run once on the small real corpus; tests read the outputs."""
-    from components.config import from_dict, Params
+    from components.config import Params, from_dict
     from components.corpus import clean, ingest
     from components.tokenizer import train_tokenizer
 

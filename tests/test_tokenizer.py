@@ -1,0 +1,83 @@
+"""Stage tokenizer: trained on the small real corpus, loadable by transformers with the same ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.config import TokenizerConfig
+from components.errors import DataError
+from components.tokenizer import SPECIAL_TOKENS, load, train_tokenizer
+
+TEXT_A = "The President addressed Congress about the economy."
+TEXT_B = "Unbelievably, the senators applauded twice!"
+
+
+def test_wordpiece_layout_and_specials(stages_dir):
+    tok = load(stages_dir / "tokenizer")
+    assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    enc = tok.encode(TEXT_A, TEXT_B)
+    assert enc.tokens[0] == "[CLS]" and enc.tokens.count("[SEP]") == 2 and enc.tokens[-1] == "[SEP]"
+    first_sep = enc.tokens.index("[SEP]")
+    assert enc.type_ids == [0] * (first_sep + 1) + [1] * (len(enc.ids) - first_sep - 1)
+    assert enc.tokens[1] == "the"  # uncased by default
+    vocab = (stages_dir / "tokenizer" / "vocab.txt").read_text().splitlines()
+    assert vocab[:5] == SPECIAL_TOKENS and len(vocab) == tok.get_vocab_size()
+    assert any(t.startswith("##") for t in vocab)
+
+
+def test_transformers_loads_it_with_identical_ids(stages_dir):
+    from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerFast
+
+    folder = stages_dir / "tokenizer"
+    ours = load(folder).encode(TEXT_A, TEXT_B)
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    assert fast(TEXT_A, TEXT_B)["input_ids"] == ours.ids
+    for hf in (BertTokenizer.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)):
+        out = hf(TEXT_A, TEXT_B)
+        assert out["input_ids"] == ours.ids
+        assert out["token_type_ids"] == ours.type_ids
+        assert hf.mask_token_id == 4 and hf.pad_token_id == 0
+        assert len(hf) == load(folder).get_vocab_size()
+    # Not checked: BertTokenizer(vocab_file=...), which transformers 5 silently ignores (STACK.md).
+
+
+def test_stats_on_heldout(stages_dir):
+    stats = train_tokenizer(TokenizerConfig(vocab_size=2000), stages_dir / "clean",
+                            stages_dir / "tok-again")
+    assert stats["vocab_size"] == 2000
+    assert stats["unk_rate"] < 0.01 and 1.0 < stats["tokens_per_word"] < 1.6
+    # Same corpus and params, same tokenizer file.
+    assert (stages_dir / "tok-again" / "tokenizer.json").read_bytes() == \
+        (stages_dir / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_bpe_option_uses_the_same_conventions(stages_dir, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    stats = train_tokenizer(TokenizerConfig(kind="bpe", vocab_size=1500), stages_dir / "clean",
+                            tmp_path / "bpe")
+    tok = load(tmp_path / "bpe")
+    enc = tok.encode(TEXT_A, TEXT_B)
+    assert enc.tokens[0] == "[CLS]" and enc.tokens[-1] == "[SEP]"
+    assert json.loads((tmp_path / "bpe" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+    assert any(t.startswith("##") for t in tok.get_vocab())  # word-internal pieces marked
+    assert (tmp_path / "bpe" / "merges.txt").exists()
+    assert stats["vocab_size"] == 1500
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "bpe" / "tokenizer.json"))
+    assert fast(TEXT_A, TEXT_B)["input_ids"] == enc.ids
+
+
+def test_vocab_larger_than_the_corpus_supports_is_reported(stages_dir, tmp_path):
+    stats = train_tokenizer(TokenizerConfig(vocab_size=200_000), stages_dir / "clean", tmp_path / "t")
+    assert stats["vocab_size"] < 200_000
+    assert "supports only" in stats["warning"]
+
+
+def test_tiny_vocab_and_missing_input_are_errors(stages_dir, tmp_path):
+    with pytest.raises(DataError, match="vocab_size=10 is too small"):
+        train_tokenizer(TokenizerConfig(vocab_size=10), stages_dir / "clean", tmp_path / "t")
+    with pytest.raises(DataError, match="no shards in .*train; run the clean stage first"):
+        train_tokenizer(TokenizerConfig(), tmp_path / "nothing", tmp_path / "t")
+    assert not (tmp_path / "t").exists()
