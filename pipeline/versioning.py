@@ -20,11 +20,13 @@ def is_dvc_project(root: Path) -> bool:
 def _repo(root: Path) -> Iterator:
     from dvc.repo import Repo
 
-    repo = Repo(str(root))
-    try:
-        yield repo
-    finally:
-        repo.close()
+    # DVC resolves some paths against the working directory: work from the project root.
+    with contextlib.chdir(root):
+        repo = Repo(str(root))
+        try:
+            yield repo
+        finally:
+            repo.close()
 
 
 def is_stale(root: Path, stage: str) -> bool:

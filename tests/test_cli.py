@@ -1,0 +1,64 @@
+"""The `bertflow` command: light start-up, one clear line and a non-zero exit on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import ROOT, run_cli, small_params, write_params
+
+
+def test_help_does_not_import_heavy_libraries():
+    code = ("import sys; from typer.testing import CliRunner; from pipeline.cli import app; "
+            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
+            "print([m for m in ('torch', 'lightning', 'mlflow', 'prefect', 'great_expectations', "
+            "'dvc', 'transformers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_bad_jsonl_row_is_one_clear_line_and_nothing_is_written(tmp_path):
+    (tmp_path / "data" / "user").mkdir(parents=True)
+    (tmp_path / "data" / "user" / "docs.jsonl").write_text(
+        json.dumps({"text": "Fine. Also fine."}) + "\n{broken\n")
+    params = write_params(tmp_path, small_params(
+        ingest={"sources": [{"name": "mine", "kind": "jsonl", "path": "data/user/docs.jsonl"}]},
+        tracking={"uri": "sqlite:///mlflow.db"}))
+    proc = run_cli("bertflow", "stage", "ingest", "--params", str(params), cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "error: " in proc.stderr and "docs.jsonl:2: not a valid JSON line" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "data" / "raw").exists()
+    assert not (tmp_path / "metrics").exists()
+
+
+def test_corpus_with_binary_non_utf8_and_empty_files_is_ingested_with_counted_drops(tmp_path):
+    corpus = tmp_path / "data" / "user" / "corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "a.txt").write_text("A first document. It has sentences.")
+    (corpus / "b.txt").write_bytes("Déjà vu. Encore une fois.".encode("cp1252"))
+    (corpus / "c.txt").write_bytes(b"")
+    (corpus / "d.txt").write_bytes(bytes(range(256)) * 4)
+    params = write_params(tmp_path, small_params(
+        ingest={"sources": [{"name": "mine", "kind": "txt_dir", "path": "data/user/corpus"}]},
+        tracking={"uri": "sqlite:///mlflow.db"}))
+    run_cli("bertflow", "stage", "ingest", "--params", str(params), cwd=tmp_path)
+    stats = json.loads((tmp_path / "metrics" / "ingest_stats.json").read_text())
+    assert stats["documents"] == 2
+    assert stats["dropped"] == {"binary": 1, "empty": 1}
+    assert stats["non_utf8_decoded"] == 1
+
+
+def test_bad_params_name_the_key_and_unknown_stage_is_refused(tmp_path):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["pairs"]["max_seq_len"] = "long"
+    params = write_params(tmp_path, data)
+    proc = run_cli("bertflow", "stage", "pairs", "-p", str(params), cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith("pairs.max_seq_len: expected an integer, got str 'long'")
+    proc = run_cli("bertflow", "stage", "pretrain-all", "-p", str(params), cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "unknown stage 'pretrain-all'" in proc.stderr
