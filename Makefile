@@ -1,0 +1,29 @@
+# The two set-up commands of the README: `make run` and `make test`. Each installs what it needs
+# into .venv first (once; again when pyproject.toml changes).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+
+.PHONY: run test install lint bench docker-lint
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU build from the local disk.
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install  ## the whole pipeline on the embedded defaults (params.yaml)
+	bertflow run
+
+test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning
+	pytest
+
+lint: install
+	ruff check .
+
+bench: install  ## data-path throughput and memory; results in benchmarks/RESULTS.md
+	python benchmarks/data_throughput.py
