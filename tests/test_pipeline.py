@@ -119,3 +119,39 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
     assert lines == {"ingest": "skipped", "clean": "skipped", "tokenizer": "skipped",
                      "pairs": "ran"}
     assert _dvc_clean(repo)
+
+
+@pytest.mark.slow
+def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, monkeypatch):
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from components.errors import DataError
+    from pipeline.flow import pipeline_flow
+    from tests.conftest import small_params, write_params
+
+    # An unreachable Dask scheduler is an infrastructure failure: Prefect retries it (2 retries).
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "1s")
+    params = write_params(tmp_path / "a", small_params(
+        executor={"kind": "dask", "dask_address": "tcp://127.0.0.1:9"},
+        tracking={"uri": "sqlite:///mlflow.db"}))
+    with pytest.raises(OSError):
+        pipeline_flow(str(params), "clean")
+    # Bad data is not retried: the same error would come back.
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x.jsonl").write_text(json.dumps({"text": "A. B."}) + "\n{oops\n")
+    params_b = write_params(tmp_path / "b", small_params(
+        ingest={"sources": [{"name": "x", "kind": "jsonl", "path": "x.jsonl"}]},
+        tracking={"uri": "sqlite:///mlflow.db"}))
+    with pytest.raises(DataError, match="x.jsonl:2"):
+        pipeline_flow(str(params_b), "ingest")
+
+    def failed_runs(folder, stage):
+        client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+        exp = client.get_experiment_by_name("bertflow")
+        return [r for r in client.search_runs([exp.experiment_id])
+                if r.info.run_name == stage and r.info.status == "FAILED"]
+
+    assert len(failed_runs(tmp_path / "a", "clean")) == 3  # first try + 2 retries
+    assert len(failed_runs(tmp_path / "b", "ingest")) == 1
