@@ -220,12 +220,22 @@ class PretrainConfig:
     """Cap on selected tokens per sequence."""
     masking: Literal["token", "whole_word", "span"] = "token"
     """Token, whole-word or SpanBERT span masking."""
+    random_token: Literal["uniform", "unigram"] = "uniform"
+    """The 10% random replacements: uniform over the vocabulary or by token frequency."""
+    static_masking: bool = False
+    """Google's static masks: each instance keeps one mask for every epoch (default: fresh masks)."""
+    span_boundary_objective: bool = False
+    """With span masking, add SpanBERT's span-boundary objective (SBO) to the loss."""
     batch_size: int = 32
     """Sequences per optimiser step per device (before accumulation)."""
     accumulate: int = 1
     """Gradient accumulation steps."""
     lr: float = 1e-3
     """Peak learning rate (AdamW)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.98
+    """AdamW beta2 (0.98 as RoBERTa and cramming; BERT used 0.999)."""
     weight_decay: float = 0.01
     """Weight decay, not applied to biases and LayerNorm."""
     warmup_steps: int = 500
@@ -236,6 +246,12 @@ class PretrainConfig:
     """Wall-clock budget; training stops and exports when it is reached."""
     grad_clip: float = 1.0
     """Gradient norm clipping."""
+    val_every_steps: int = 500
+    """Held-out evaluation every this many optimiser steps (and at the end)."""
+    checkpoint_every_steps: int = 500
+    """Save a resumable checkpoint every this many optimiser steps."""
+    log_every_steps: int = 50
+    """Log training metrics every this many steps."""
     precision: str = "auto"
     """`auto` (bf16-mixed on CUDA, 32 on CPU) or any Lightning precision string."""
     accelerator: str = "auto"
