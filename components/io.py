@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 SHARD_GLOB = "part-*.parquet"
+SPLITS = ("train", "heldout")  # the sub-folders of the clean and pairs outputs
 
 
 def shard_name(index: int) -> str:
@@ -24,6 +25,14 @@ def list_shards(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob(SHARD_GLOB))
 
 
+def iter_rows(folder: Path, columns: tuple[str, ...]) -> Iterator[dict]:
+    """Stream the rows of a folder of shards, one shard in memory at a time."""
+    import pyarrow.parquet as pq
+
+    for path in list_shards(folder):
+        yield from pq.read_table(path, columns=list(columns)).to_pylist()
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temp folder beside `final`; on success it replaces `final`, on error it goes.
@@ -33,7 +42,10 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.*-*"):  # left by a killed earlier run
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual mode
     try:
         yield tmp
     except BaseException:
@@ -77,6 +89,7 @@ def write_json(path: Path, data: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
@@ -85,6 +98,12 @@ def write_json(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_json(path: Path) -> Any:

@@ -7,10 +7,13 @@ B is the true continuation, or (50%, and always for one-sentence chunks) sentenc
 *other* document, the chunk's unused sentences going back to be read again; then
 truncate_seq_pair; layout `[CLS] A [SEP] B [SEP]`, segment ids 0 then 1; `dupe_factor` passes.
 As in Google's runs the random document comes from the same input shard, which bounds memory.
-One-sentence chunks force a random B, which skews the labels (56% random on the default corpus,
-mostly from documents given a short target length). With `balance_nsp` each forced random B is
-paid back by spending the next free coin as a true continuation: the instances are cut exactly
-as Google's, and the labels are balanced. `balance_nsp: false` gives Google's law unchanged.
+With `balance_nsp: false` the instances are Google's, draw for draw: the same random generator
+calls in the same order (a test replays Google's code verbatim and compares instance by
+instance). One-sentence chunks force a random B, which skews the labels (56% random on the
+default corpus, mostly from documents given a short target length). With `balance_nsp: true`
+(default) each forced random B is paid back by spending the next free coin as a true
+continuation; chunking, split points, negatives and truncation keep Google's rules, and the
+labels come out balanced. Unlike Google's, a random B never comes from the same document.
 
 `packing` mode (RoBERTa FULL-SENTENCES): contiguous sentences packed to max_seq_len across
 document boundaries, a [SEP] between documents, no NSP (label -1).
@@ -36,9 +39,8 @@ import pyarrow.parquet as pq
 
 from components import validation
 from components.config import ExecutorConfig, PairsConfig
-from components.corpus import SPLITS
 from components.errors import ConfigError, DataError
-from components.io import atomic_dir, list_shards
+from components.io import SPLITS, atomic_dir, list_shards
 from components.parallel import ShardExecutor
 from components.tokenizer import CLS, SEP, TOKENIZER_FILE
 
@@ -54,40 +56,25 @@ Document = list[list[int]]  # sentences of token ids
 Instance = tuple[list[int], list[int], int]  # (A, B, label); packing puts everything in A
 
 
-def truncation(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
-    """How many tokens Google's truncate_seq_pair removes from A and from B.
-
-    It removes one token at a time from the longer side (B on a tie) until the pair fits: the
-    longer side shrinks to the other's length first, then they alternate, B first.
-    """
-    excess = len_a + len_b - max_num_tokens
-    if excess <= 0:
-        return 0, 0
-    diff = abs(len_a - len_b)
-    if diff >= excess:
-        return (excess, 0) if len_a > len_b else (0, excess)
-    rest = excess - diff
-    if len_a > len_b:
-        return diff + rest // 2, (rest + 1) // 2
-    return rest // 2, diff + (rest + 1) // 2
-
-
 def truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int,
                       rng: random.Random) -> tuple[list[int], list[int]]:
-    """Google's truncate_seq_pair with the same law, without a Python step per token.
+    """Google's truncate_seq_pair, drawing from `rng` exactly as it does.
 
-    Each removed token comes from the front or the back with probability 1/2, so the number
-    taken from the front of a side is Binomial(removed, 1/2): the popcount of `removed` random
-    bits.
+    Google removes one token at a time from the longer side (B on a tie), from the front or the
+    back with probability 1/2. The same draws decide the same cuts here, but the tokens are
+    sliced once at the end instead of being deleted one by one.
     """
-    cut_a, cut_b = truncation(len(a), len(b), max_num_tokens)
-    out = []
-    for tokens, cut in ((a, cut_a), (b, cut_b)):
-        if cut:
-            front = rng.getrandbits(cut).bit_count()
-            tokens = tokens[front:len(tokens) - (cut - front)]
-        out.append(tokens)
-    return out[0], out[1]
+    len_a, len_b = len(a), len(b)
+    front = [0, 0]
+    while len_a + len_b > max_num_tokens:
+        side = 0 if len_a > len_b else 1
+        if rng.random() < 0.5:
+            front[side] += 1
+        if side == 0:
+            len_a -= 1
+        else:
+            len_b -= 1
+    return (a[front[0]:front[0] + len_a], b[front[1]:front[1] + len_b])
 
 
 def _owes_positive(cfg: PairsConfig, counts: Counter) -> bool:
@@ -122,9 +109,12 @@ def instances_from_document(docs: list[Document], index: int, cfg: PairsConfig,
             if len(docs) > 1 and (forced or not _owes_positive(cfg, counts) and rng.random() < 0.5):
                 is_random_next = 1
                 target_b_length = target_seq_length - len(tokens_a)
-                # A uniformly random *other* document (Google retries up to 10 times instead).
-                other = rng.randint(0, len(docs) - 2)
-                other += other >= index
+                for _ in range(10):  # Google's draw of another document
+                    other = rng.randint(0, len(docs) - 1)
+                    if other != index:
+                        break
+                if other == index:  # Google would then use the same document; we never do
+                    other = (index + 1 + rng.randint(0, len(docs) - 2)) % len(docs)
                 random_document = docs[other]
                 tokens_b: list[int] = []
                 for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
@@ -245,14 +235,15 @@ def _pairs_shard(task: _ShardTask) -> Counter:
 
     cfg = task.cfg
     tok = Tokenizer.from_file(str(task.tokenizer / TOKENIZER_FILE))
+    tok.encode_special_tokens = True  # "[SEP]" written in a document is text, not a separator
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
     docs = tokenize_documents(tok, pq.read_table(task.src, columns=["sentences"])
                               ["sentences"].to_pylist())
     rng = random.Random(shard_seed(cfg.seed, task.split, task.src.name))
     counts: Counter = Counter()
     instances: list[Instance] = []
+    rng.shuffle(docs)  # once, as Google shuffles all_documents before its dupe_factor loop
     for _ in range(cfg.dupe_factor):
-        rng.shuffle(docs)
         if cfg.mode == "nsp":
             for index in range(len(docs)):
                 instances.extend(instances_from_document(docs, index, cfg, rng, counts))

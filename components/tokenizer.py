@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from components.config import TokenizerConfig
-from components.corpus import iter_documents
 from components.errors import DataError
-from components.io import atomic_dir, list_shards
+from components.io import atomic_dir, iter_rows, list_shards
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4, in this order
@@ -28,7 +27,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def _sentences(folder: Path) -> Iterator[str]:
-    for doc in iter_documents(folder):
+    for doc in iter_rows(folder, ("sentences",)):
         yield from doc["sentences"]
 
 
@@ -127,11 +126,15 @@ def heldout_stats(tok, folder: Path, batch: int = 4096) -> dict:
             words += (max(word_ids) + 1) if word_ids else 0
         buffer.clear()
 
-    for sentence in _sentences(folder):
-        buffer.append(sentence)
-        if len(buffer) >= batch:
-            flush()
-    flush()
+    tok.encode_special_tokens = True  # "[MASK]" written in a document is text, not a token
+    try:
+        for sentence in _sentences(folder):
+            buffer.append(sentence)
+            if len(buffer) >= batch:
+                flush()
+        flush()
+    finally:
+        tok.encode_special_tokens = False
     return {
         "heldout_tokens": tokens,
         "heldout_words": words,
@@ -146,9 +149,6 @@ def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
     train, heldout = Path(clean_dir) / "train", Path(clean_dir) / "heldout"
     if not list_shards(train):
         raise DataError(f"tokenizer: no shards in {train}; run the clean stage first")
-    if cfg.vocab_size <= len(SPECIAL_TOKENS) + 26:
-        raise DataError(f"tokenizer.vocab_size={cfg.vocab_size} is too small to hold the "
-                        f"special tokens and an alphabet")
     tok, trainer = build(cfg)
     tok.train_from_iterator(_sentences(train), trainer)
     if cfg.kind == "wordpiece":

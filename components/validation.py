@@ -11,14 +11,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.errors import ValidationError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Expectation = tuple[str, dict[str, Any]]
 """A GX expectation class name (great_expectations.expectations.<name>) and its arguments."""
@@ -68,6 +70,8 @@ def _short(value: Any, limit: int = 160) -> str:
 
 def check_raw_shard(table: pa.Table, sources: Sequence[str], where: Path) -> None:
     """Ingest output: `doc_id` unique and present, `source` a configured one, `text` non-empty."""
+    import pandas as pd
+
     frame = pd.DataFrame({
         "doc_id": table["doc_id"].to_pandas(),
         "source": table["source"].to_pandas(),
@@ -84,6 +88,8 @@ def check_raw_shard(table: pa.Table, sources: Sequence[str], where: Path) -> Non
 def check_clean_shard(table: pa.Table, min_sentences: int, min_chars: int, max_chars: int,
                       where: Path) -> None:
     """Clean output: one row per document with at least `min_sentences` non-empty sentences."""
+    import pandas as pd
+
     sentences = table["sentences"].combine_chunks()
     lengths = pc.utf8_length(sentences.flatten()).to_numpy(zero_copy_only=False)
     counts = pc.list_value_length(sentences).to_numpy(zero_copy_only=False)
@@ -111,6 +117,8 @@ def check_clean_shard(table: pa.Table, min_sentences: int, min_chars: int, max_c
 
 def pairs_row_stats(table: pa.Table, sep_id: int) -> pd.DataFrame:
     """Per-instance statistics of a pairs shard, vectorised over the flat token arrays."""
+    import pandas as pd
+
     ids_col = table["input_ids"].combine_chunks()
     types_col = table["token_type_ids"].combine_chunks()
     ids = ids_col.flatten().to_numpy()

@@ -23,6 +23,11 @@ def run(
     until: Annotated[str | None, typer.Option(help="Stop after this stage.")] = None,
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
+    from components.config import load_params
+    from pipeline.stages import stages_until
+
+    stages_until(until)  # refuse a bad stage name or params file before Prefect starts
+    load_params(params)
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until)
@@ -52,6 +57,14 @@ def main() -> None:
         app()
     except BertflowError as e:
         typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except OSError as e:  # disk full, permission denied, a path that is not there
+        typer.echo(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), err=True)
+        sys.exit(1)
+    except Exception as e:
+        if not type(e).__module__.startswith("pyarrow"):  # a corrupt Parquet file, say
+            raise
+        typer.echo(f"error: unreadable data: {e}", err=True)
         sys.exit(1)
 
 

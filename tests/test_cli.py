@@ -12,13 +12,24 @@ from tests.conftest import ROOT, run_cli, small_params, write_params
 
 
 def test_help_does_not_import_heavy_libraries():
-    code = ("import sys; from typer.testing import CliRunner; from pipeline.cli import app; "
-            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
-            "print([m for m in ('torch', 'lightning', 'mlflow', 'prefect', 'great_expectations', "
-            "'dvc', 'transformers') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    # The real entry point (pipeline.cli:main, which also sets the environment defaults).
+    code = "import sys; sys.argv = ['bertflow', '--help']; from pipeline.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert "Usage: bertflow" in proc.stdout and "│ run " in proc.stdout and "│ stage " in proc.stdout
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    heavy = {"torch", "lightning", "mlflow", "prefect", "great_expectations", "dvc", "transformers"}
+    assert not heavy & imported
+
+
+def test_unknown_stage_for_until_is_refused_before_prefect_starts(tmp_path):
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    proc = run_cli("bertflow", "run", "--until", "bogus", "-p", str(params), cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("error: unknown stage 'bogus' (stages: ingest, clean, tokenizer, "
+                                   "pairs)")
+    assert not (tmp_path / "mlflow.db").exists()  # nothing started, nothing recorded
 
 
 def test_bad_jsonl_row_is_one_clear_line_and_nothing_is_written(tmp_path):

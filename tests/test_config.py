@@ -94,6 +94,23 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
         load_params(write_params(tmp_path, data))
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("executor.workers", -1, "executor.workers: must be 0 (one per core) or more"),
+    ("clean.near_threshold", 1.5, "clean.near_threshold: must be in (0, 1]"),
+    ("tokenizer.vocab_size", 10, "tokenizer.vocab_size: must be at least 64"),
+    ("pairs.max_seq_len", 6, "pairs.max_seq_len: must be at least 8"),
+    ("pairs.max_seq_len", 1024, "pairs.max_seq_len: must not exceed model.max_position (512)"),
+    ("model.preset", "huge", "model.preset: must be one of ['base', 'mini', 'tiny']"),
+    ("pretrain.warmup_steps", 10**9, "pretrain.warmup_steps: must be between 0 and pretrain.max_steps"),
+])
+def test_out_of_range_values_are_named(tmp_path, key, value, expected):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    section, field = key.split(".")
+    data[section][field] = value
+    with pytest.raises(ConfigError, match=re.escape(f"params.yaml:{expected}")):
+        load_params(write_params(tmp_path, data))
+
+
 def test_nested_errors_name_the_list_item():
     with pytest.raises(ConfigError, match=r"ingest.sources\[1\].kind: expected one of"):
         from_dict(Params, {"ingest": {"sources": [{"name": "a"}, {"name": "b", "kind": "csv"}]}},

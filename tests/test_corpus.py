@@ -14,10 +14,10 @@ from components.config import CleanConfig, ExecutorConfig, IngestConfig, SourceC
 from components.corpus import (
     CLEAN_SCHEMA,
     RAW_SCHEMA,
+    choose_heldout,
     clean,
     decode_bytes,
     ingest,
-    is_heldout,
     normalize,
     split_sentences,
 )
@@ -87,6 +87,14 @@ def test_ingest_jsonl_missing_field_and_parquet_missing_column(tmp_path):
                PACKAGES, tmp_path / "raw")
 
 
+def test_ingest_jsonl_missing_id_field_names_the_line(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "x", "text": PROSE}) + "\n"
+                                      + json.dumps({"text": PROSE}) + "\n")
+    with pytest.raises(DataError, match=r"a.jsonl:2: no field 'id'"):
+        ingest(IngestConfig(sources=[SourceConfig("j", "jsonl", "a.jsonl", id_field="id")]),
+               tmp_path, PACKAGES, tmp_path / "raw")
+
+
 def test_ingest_jsonl_and_parquet_with_ids(tmp_path):
     (tmp_path / "a.jsonl").write_text("".join(
         json.dumps({"id": f"j{i}", "text": PROSE}) + "\n" for i in range(3)))
@@ -126,9 +134,20 @@ def test_normalize_repairs_the_real_news_mojibake_and_controls():
         "Warren said. It didn't pass the — first time. the \"Black swans' appearance café")
 
 
-def test_split_sentences_keeps_paragraphs_apart():
-    assert split_sentences("Mr. Smith went home. He slept.\n\nA new paragraph\nstarts here.") == [
-        "Mr. Smith went home.", "He slept.", "A new paragraph", "starts here."]
+def test_split_sentences_keeps_paragraphs_apart_and_joins_wrapped_lines():
+    text = "Mr. Smith went home. He slept.\n\nA new paragraph that was\nwrapped at a column\nends here."
+    assert split_sentences(text) == [
+        "Mr. Smith went home.", "He slept.", "A new paragraph that was wrapped at a column ends here."]
+
+
+def test_heldout_choice_is_stable_and_never_empty_on_small_corpora():
+    ids = [f"d{i}" for i in range(2000)]
+    held = choose_heldout(ids, 0.02, 0)
+    assert 20 < len(held) < 60
+    assert choose_heldout(list(reversed(ids)), 0.02, 0) == held  # order does not matter
+    assert held <= choose_heldout(ids + ["new"], 0.02, 0)  # adding a document moves none
+    assert len(choose_heldout(["a", "b", "c"], 0.02, 0)) == 1  # 2% of 3 rounds to one
+    assert choose_heldout(["a"], 0.02, 0) == set() and choose_heldout(ids, 0.0, 0) == set()
 
 
 def _raw_shard(folder: Path, docs: list[tuple[str, str]], name: str = "part-00000.parquet"):
@@ -147,7 +166,7 @@ def test_clean_filters_and_dedups_exact_and_near(tmp_path):
         ("d", PROSE),
         ("e", "Just one sentence here."),     # too few sentences
         ("f", "A different story starts here. It has two sentences at least. And a third one."
-              "\n12345 67890 ==== ++++\n\ufffd broken \ufffd text."),
+              "\n\n12345 67890 ==== ++++\n\n\ufffd broken \ufffd text."),
     ]
     _raw_shard(tmp_path / "raw", docs[:3])
     _raw_shard(tmp_path / "raw", docs[3:], "part-00001.parquet")  # dedup works across shards
@@ -163,7 +182,7 @@ def test_clean_filters_and_dedups_exact_and_near(tmp_path):
     assert kept["f"][-1] == "And a third one."
     for split in ("train", "heldout"):
         assert {r["doc_id"] for r in _read(tmp_path / "clean" / split)} == \
-            {d for d in kept if is_heldout(d, 0.5, 0) == (split == "heldout")}
+            {d for d in kept if (d in choose_heldout(sorted(kept), 0.5, 0)) == (split == "heldout")}
 
 
 def test_clean_parallel_equals_serial(stages_dir, tmp_path):
@@ -209,6 +228,7 @@ def test_dask_executor_gives_the_same_output(stages_dir, tmp_path):
         clean(CleanConfig(heldout_fraction=0.1),
               ExecutorConfig(kind="dask", dask_address=cluster.scheduler_address),
               stages_dir / "raw", tmp_path / "dask")
-    a = list_shards(stages_dir / "clean" / "train")
-    b = list_shards(tmp_path / "dask" / "train")
-    assert [x.read_bytes() for x in a] == [y.read_bytes() for y in b]
+    for split in ("train", "heldout"):
+        a = list_shards(stages_dir / "clean" / split)
+        b = list_shards(tmp_path / "dask" / split)
+        assert [x.read_bytes() for x in a] == [y.read_bytes() for y in b]

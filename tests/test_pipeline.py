@@ -89,10 +89,14 @@ def _check_mlflow(repo) -> None:
     assert children["tokenizer"].data.params["tokenizer.vocab_size"] == "2000"
     artifacts = {a.path for a in client.list_artifacts(children["tokenizer"].info.run_id)}
     assert {"tokenizer", "tokenizer_stats.json"} <= artifacts
-    # A skipped stage is recorded as such under its pipeline run.
+    # A skipped stage is recorded as such under its pipeline run, with the same lineage.
     second = parents[1].info.run_id
-    skipped = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == second]
-    assert {r.data.tags["bertflow.status"] for r in skipped} == {"skipped"}
+    skipped = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == second}
+    assert {r.data.tags["bertflow.status"] for r in skipped.values()} == {"skipped"}
+    assert skipped["pairs"].data.tags["dvc.dep.data/clean"] == _lock_out(repo, "clean")
+    assert skipped["pairs"].data.tags["git.commit"] == head
+    assert skipped["clean"].data.metrics["documents_out"] == children["clean"].data.metrics["documents_out"]
+    assert skipped["pairs"].data.params["pairs.max_seq_len"] == "128"
 
 
 def _check_prefect_artifact() -> None:
