@@ -164,10 +164,11 @@ def report(t: dict, m: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
+def write_section(text: str, section: str = SECTION) -> None:
+    """Replace (or add) one `## ...` section of RESULTS.md, leaving the others as they are."""
     old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    if SECTION in old:
-        head, _, rest = old.partition(SECTION)
+    if section in old:
+        head, _, rest = old.partition(section)
         tail = rest.split("\n## ", 1)
         old = head + ("## " + tail[1] if len(tail) > 1 else "")
     RESULTS.write_text(old.rstrip() + "\n\n" + text)

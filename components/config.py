@@ -226,6 +226,19 @@ class PretrainConfig:
     """Google's static masks: each instance keeps one mask for every epoch (default: fresh masks)."""
     span_boundary_objective: bool = False
     """With span masking, add SpanBERT's span-boundary objective (SBO) to the loss."""
+    position_init: Literal["random", "sinusoidal"] = "random"
+    """Start the (learned) position embeddings random, as BERT, or as sinusoids."""
+    embedding_init: Literal["random", "corpus_svd"] = "random"
+    """Start the token embeddings random, or from static vectors learned on the pairs shards
+    (PPMI + truncated SVD of co-occurrence counts, a few seconds)."""
+    short_seq_len: int = 0
+    """Sequence-length curriculum: if > 0, the first `short_seq_steps` steps train on pieces of
+    this many tokens cut from each instance (MLM only, same tokens per step)."""
+    short_seq_steps: int = 0
+    """Optimiser steps of the short-sequence phase."""
+    dropout: float = 0.0
+    """Dropout while pretraining (off: a corpus seen about once needs none, and it costs ~25%
+    of the step on CPU); the export carries model.dropout for fine-tuning."""
     batch_size: int = 32
     """Sequences per optimiser step per device (before accumulation)."""
     accumulate: int = 1
@@ -411,6 +424,7 @@ def check(p: Params, where: str) -> None:
         (p.pairs.dupe_factor >= 1, "pairs.dupe_factor", "must be at least 1"),
         (p.model.preset in sizes, "model.preset", f"must be one of {sorted(sizes)}"),
         (0 <= p.model.dropout < 1, "model.dropout", "must be in [0, 1)"),
+        (0 <= p.pretrain.dropout < 1, "pretrain.dropout", "must be in [0, 1)"),
         (0 < p.pretrain.mlm_probability < 1, "pretrain.mlm_probability", "must be in (0, 1)"),
         (p.pretrain.batch_size >= 1, "pretrain.batch_size", "must be at least 1"),
         (p.pretrain.accumulate >= 1, "pretrain.accumulate", "must be at least 1"),
@@ -419,6 +433,8 @@ def check(p: Params, where: str) -> None:
         (0 <= p.pretrain.warmup_steps <= p.pretrain.max_steps, "pretrain.warmup_steps",
          "must be between 0 and pretrain.max_steps"),
         (p.pretrain.max_minutes > 0, "pretrain.max_minutes", "must be positive"),
+        (p.pretrain.short_seq_len == 0 or 8 <= p.pretrain.short_seq_len <= p.pairs.max_seq_len,
+         "pretrain.short_seq_len", "must be 0 (off) or between 8 and pairs.max_seq_len"),
         (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",
          "pretrain.span_boundary_objective", "needs pretrain.masking: span"),
     ]

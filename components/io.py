@@ -84,20 +84,27 @@ def concat_shards(parts: list[Path], dst: Path) -> int:
     return rows
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file in the same folder, then rename)."""
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path`; it replaces `path` on success and goes on error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
-            f.write("\n")
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file in the same folder, then rename)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                       encoding="utf-8")
 
 
 def _umask() -> int:

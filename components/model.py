@@ -10,6 +10,7 @@ so an exported encoder loads in `transformers` with no missing or unexpected key
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +47,8 @@ class BertConfig:
     """LayerNorm epsilon (BERT's value)."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation."""
+    position_init: Literal["random", "sinusoidal"] = "random"
+    """Start the learned position embeddings random (BERT) or as sinusoids (they stay learned)."""
     pad_id: int = 0
     """Id of [PAD]."""
     sbo: bool = False
@@ -69,9 +72,11 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
-        x = self.word(input_ids) + self.position.weight[:T] + self.token_type(token_type_ids)
+        pos = self.position.weight[:T] if position_ids is None else self.position(position_ids)
+        x = self.word(input_ids) + pos + self.token_type(token_type_ids)
         return self.drop(self.norm(x))  # (B, T, H)
 
 
@@ -130,13 +135,14 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
         for block in self.blocks:
             x = block(x, mask)
         return self.final_norm(x) if self.final_norm is not None else x  # (B, T, H)
@@ -207,8 +213,9 @@ class BertForPretraining(nn.Module):
                 attention_mask: torch.Tensor, mlm_labels: torch.Tensor,
                 next_sentence_label: torch.Tensor | None = None,
                 sbo_left: torch.Tensor | None = None, sbo_right: torch.Tensor | None = None,
-                sbo_rel: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        hidden = self.encoder(input_ids, token_type_ids, attention_mask)  # (B, T, H)
+                sbo_rel: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        hidden = self.encoder(input_ids, token_type_ids, attention_mask, position_ids)  # (B, T, H)
         selected = mlm_labels != IGNORE  # (B, T)
         targets = mlm_labels[selected]  # (N,)
         logits = self.mlm(hidden[selected])  # (N, V)
@@ -247,6 +254,17 @@ def init_weights(module: nn.Module, std: float) -> None:
             nn.init.zeros_(m.bias)
 
 
+def sinusoids(positions: int, dim: int) -> torch.Tensor:
+    """The Transformer's sinusoidal table (positions, dim): nearby positions have similar rows,
+    and the dot product of two rows depends on their distance only."""
+    pos = torch.arange(positions, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(positions, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return table
+
+
 def build_model(cfg: BertConfig, head: str = "pretraining", **head_args) -> nn.Module:
     """The one factory: the encoder with the requested head, initialised as BERT is."""
     if head == "pretraining":
@@ -256,6 +274,14 @@ def build_model(cfg: BertConfig, head: str = "pretraining", **head_args) -> nn.M
     else:
         raise ValueError(f"unknown head {head!r}")
     init_weights(model, cfg.init_std)
+    if cfg.position_init == "sinusoidal":
+        # Random positions give near-uniform attention: every token first sees a bag of words.
+        # Sinusoids (at the scale of the token embeddings, so they don't drown them) hand
+        # attention a distance signal from the first step.
+        encoder = model.encoder if isinstance(model, BertForPretraining) else model
+        table = sinusoids(cfg.max_position, cfg.hidden)
+        with torch.no_grad():
+            encoder.embeddings.position.weight.copy_(table * (cfg.init_std / table.std()))
     return model
 
 

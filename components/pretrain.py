@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from components.config import ModelConfig, PretrainConfig
 from components.errors import DataError
-from components.io import atomic_dir, list_shards, write_json
+from components.io import atomic_dir, atomic_file, list_shards, write_json
 from components.masking import Masker, MaskingSpec
 from components.model import BertConfig, build_model, hf_config, hf_state_dict
 from components.tokenizer import MASK, SPECIAL_TOKENS
@@ -71,27 +71,31 @@ def list_blocks(folder: Path) -> list[Block]:
 
 
 class PairBatches(IterableDataset):
-    """Masked, padded batches of pretraining instances, streamed from the pairs shards."""
+    """Masked, padded batches of pretraining instances, streamed from the pairs shards.
+
+    Training streams are endless (epoch after epoch; `max_steps` ends training) and define no
+    `__len__`, so Lightning never restarts the iterator, which would replay the data from the
+    position it was created at.
+    """
 
     def __init__(self, folder: Path, batch_size: int, masker: Masker, seed: int, *,
                  rank: int = 0, world: int = 1, start_batch: int = 0, shuffle: bool = True,
-                 epochs: int | None = None, window: int = 4, static_masks: bool = False):
+                 epochs: int | None = None, window: int = 4, static_masks: bool = False,
+                 short_len: int = 0, short_batches: int = 0):
         self.blocks = list_blocks(folder)
         if not self.blocks:
             raise DataError(f"pretrain: no pairs shards in {folder}; run the pairs stage first")
         self.batch_size, self.masker, self.seed = batch_size, masker, seed
         self.rank, self.world, self.start_batch = rank, world, start_batch
         self.shuffle, self.epochs, self.window, self.static = shuffle, epochs, window, static_masks
+        # Curriculum: this rank's first `short_batches` batches are cut into `short_len` pieces.
+        self.short_len, self.short_batches = short_len, short_batches
         rows = sum(b.rows for b in self.blocks)
         # Every rank takes the same number of batches per epoch; the remainder is dropped.
         self.per_epoch = rows // batch_size // world * world
         if self.per_epoch == 0:
             raise DataError(f"pretrain: {rows} instances in {folder} are fewer than one batch of "
                             f"{batch_size} per device x {world} devices; lower pretrain.batch_size")
-
-    def __len__(self) -> int:
-        """Batches this rank yields per epoch."""
-        return self.per_epoch // self.world
 
     def _windows(self, epoch: int) -> list[list[Block]]:
         order = (np.random.default_rng(mix(self.seed, epoch)).permutation(len(self.blocks))
@@ -155,16 +159,34 @@ class PairBatches(IterableDataset):
             input_ids[i, :len(row)] = torch.tensor(row)
             token_types[i, :len(tt)] = torch.tensor(tt)
             attention[i, :len(row)] = True
-        instance = torch.from_numpy(table["id"].to_numpy()).long()
+        instance = torch.tensor(table["id"].to_numpy(), dtype=torch.long)
+        labels = torch.tensor(table["next_sentence_label"].to_numpy(), dtype=torch.long)
+        extra: dict[str, torch.Tensor] = {}
+        if self.short_len and g // self.world < self.short_batches:
+            # (B, T) -> (B * T/L, L) pieces; all-padding pieces dropped; NSP off (-1): a piece
+            # is no sentence pair. A neighbour is 1/L of an early, near-uniform attention mix
+            # instead of 1/T: the signal that teaches attention to look nearby is T/L stronger.
+            L = self.short_len
+            pad = (-T) % L
+            split = [torch.nn.functional.pad(x, (0, pad)).reshape(-1, L)
+                     for x in (input_ids, token_types, attention.long())]
+            keep = split[2].any(1)
+            input_ids, token_types, attention = (x[keep] for x in split)
+            attention = attention.bool()
+            # Each piece keeps the positions it had in its instance: all position embeddings
+            # train from the start, and the switch to full length changes nothing for them.
+            extra["position_ids"] = torch.arange(T + pad).repeat(B).reshape(-1, L)[keep]
+            instance = instance.repeat_interleave((T + pad) // L)[keep]
+            labels = torch.full((len(input_ids),), -1, dtype=torch.long)
+            B = len(input_ids)
         if self.static:  # Google's static masks: fixed per instance, whatever the epoch
             parts = [self.masker(input_ids[i:i + 1], torch.Generator().manual_seed(
                 mix(self.seed, int(instance[i])))) for i in range(B)]
             masked = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
         else:
             masked = self.masker(input_ids, torch.Generator().manual_seed(mix(self.seed, g)))
-        return {**masked, "token_type_ids": token_types, "attention_mask": attention,
-                "next_sentence_label": torch.from_numpy(table["next_sentence_label"].to_numpy()).long(),
-                "instance_id": instance}
+        return {**masked, **extra, "token_type_ids": token_types, "attention_mask": attention,
+                "next_sentence_label": labels, "instance_id": instance}
 
 
 def masking_spec(cfg: PretrainConfig, tokenizer_dir: Path, pairs_dir: Path | None = None) -> MaskingSpec:
@@ -199,8 +221,9 @@ def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> Ber
     size = model.presets[model.preset]
     return BertConfig(vocab_size=vocab_size, hidden=size.hidden, layers=size.layers,
                       heads=size.heads, intermediate=size.intermediate,
-                      max_position=model.max_position, dropout=model.dropout, norm=model.norm,
-                      sbo=cfg.masking == "span" and cfg.span_boundary_objective)
+                      max_position=model.max_position, dropout=cfg.dropout, norm=model.norm,
+                      sbo=cfg.masking == "span" and cfg.span_boundary_objective,
+                      position_init=cfg.position_init)
 
 
 def lr_lambda(warmup: int, total: int):
@@ -348,6 +371,14 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     module = _lightning_module(bert, cfg)
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
     masker = Masker(spec)
+    if cfg.embedding_init == "corpus_svd" and resume is None:  # a resumed run has its weights
+        from components.static_vectors import cooccurrence, ppmi_svd
+
+        counts = cooccurrence(pairs_dir / "train", vocab_size, spec.special_ids)
+        with torch.no_grad():
+            module.model.encoder.embeddings.word.weight.copy_(ppmi_svd(counts, bert.hidden, bert.init_std))
+            module.model.encoder.embeddings.word.weight[bert.pad_id].zero_()
+        del counts
 
     loggers = []
     if mlflow_run is not None:
@@ -373,7 +404,9 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
             start = trainer.global_step * cfg.accumulate
             return DataLoader(PairBatches(pairs_dir / "train", cfg.batch_size, masker, cfg.seed,
                                           rank=trainer.global_rank, world=trainer.world_size,
-                                          start_batch=start, static_masks=cfg.static_masking),
+                                          start_batch=start, static_masks=cfg.static_masking,
+                                          short_len=cfg.short_seq_len,
+                                          short_batches=cfg.short_seq_steps * cfg.accumulate),
                               batch_size=None)
 
         def val_dataloader(self):
@@ -401,7 +434,9 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     if module.ddp_overlap is not None:
         stats["ddp_first_batch_overlap"] = module.ddp_overlap
     stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
-    export(module.model, bert, tokenizer_dir, out_dir, {"stats": stats, "history": history})
+    # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
+    export(module.model, replace(bert, dropout=model.dropout), tokenizer_dir, out_dir,
+           {"stats": stats, "history": history})
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the export is the product; checkpoints were for resuming
     return {**stats, "history": history}
 
@@ -438,6 +473,37 @@ def export(model, bert: BertConfig, tokenizer_dir: Path, out_dir: Path, info: di
         for f in Path(tokenizer_dir).iterdir():
             shutil.copy(f, tmp / f.name)
         write_json(tmp / "bertflow.json", {"config": asdict(bert), **info})
+
+
+CURVE_COLUMNS = ("step", "tokens", "val/mlm_accuracy", "val/mlm_loss", "val/perplexity",
+                 "val/nsp_accuracy")
+
+
+def write_curve(history: list[dict], csv_path: Path, png_path: Path) -> None:
+    """The held-out curve as CSV (DVC plots) and PNG (for people; DVC's HTML needs a CDN)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    header = [c.split("/")[-1] for c in CURVE_COLUMNS]
+    rows = [",".join(header)] + [",".join("" if h.get(c) is None else f"{h[c]:.6g}" for c in CURVE_COLUMNS)
+                                 for h in history]
+    with atomic_file(csv_path) as tmp:
+        tmp.write_text("\n".join(rows) + "\n")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    tokens = [h["tokens"] / 1e6 for h in history]
+    left.plot(tokens, [h["val/mlm_accuracy"] for h in history], marker="o", label="MLM accuracy")
+    if history and "val/nsp_accuracy" in history[0]:
+        left.plot(tokens, [h["val/nsp_accuracy"] for h in history], marker="s", label="NSP accuracy")
+    left.set(xlabel="training tokens (M)", ylabel="held-out accuracy", ylim=(0, 1))
+    left.legend()
+    right.plot(tokens, [h["val/mlm_loss"] for h in history], marker="o")
+    right.set(xlabel="training tokens (M)", ylabel="held-out MLM loss")
+    fig.tight_layout()
+    with atomic_file(png_path) as tmp:
+        fig.savefig(tmp, dpi=100)
+    plt.close(fig)
 
 
 def _devices(devices: str) -> int | str:

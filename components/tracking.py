@@ -63,6 +63,8 @@ class Run:
 
     client: Any
     run_id: str
+    uri: str
+    """Tracking URI (for loggers that open their own client, such as Lightning's)."""
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log (nested) params flattened to dotted keys."""
@@ -101,6 +103,21 @@ class Run:
             self.client.log_artifact(self.run_id, str(path), folder)
 
 
+    def register(self, artifact_path: str, name: str, alias: str, tags: dict[str, str]) -> str:
+        """Register the run's artifact folder as a new version of model `name`; point `alias`
+        at it; return the version number."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException:  # it exists already
+            pass
+        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{artifact_path}"
+        version = self.client.create_model_version(name, source, run_id=self.run_id, tags=tags)
+        self.client.set_registered_model_alias(name, alias, version.version)
+        return version.version
+
+
 def _metric_key(key: str) -> str:
     # MLflow keys allow alphanumerics, _ - . space / : only.
     return "".join(ch if ch.isalnum() or ch in "_-. /" else "_" for ch in key)
@@ -115,7 +132,7 @@ def run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str | None
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
     created = c.create_run(experiment_id(cfg, root), run_name=name, tags=all_tags)
-    handle = Run(c, created.info.run_id)
+    handle = Run(c, created.info.run_id, tracking_uri(cfg, root))
     try:
         yield handle
     except BaseException as e:

@@ -16,7 +16,14 @@ from prefect import flow, get_run_logger, task
 from components.config import flatten, load_params
 from components.errors import BertflowError
 from pipeline import versioning
-from pipeline.stages import record_skipped, run_stage, stages_until
+from pipeline.stages import (
+    PARENT_RUN_ENV,
+    STAGES,
+    metrics_file,
+    record_skipped,
+    run_stage,
+    stages_until,
+)
 
 # Worth a retry: the machine or a service hiccuped (a lost connection or worker, a locked
 # database). Bad data, bad params, missing files and bugs are not: they would fail again.
@@ -49,11 +56,40 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
         return {"status": "skipped", "seconds": time.perf_counter() - start, "stats": stats}
-    stats = run_stage(name, Path(params_path), parent_run_id)
+    if STAGES[name].own_process:
+        stats = _run_in_own_process(name, params_path, parent_run_id)
+    else:
+        stats = run_stage(name, Path(params_path), parent_run_id)
     if tracked:
         versioning.commit(root, name)
     logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
     return {"status": "ran", "seconds": time.perf_counter() - start, "stats": stats}
+
+
+def _run_in_own_process(name: str, params_path: str, parent_run_id: str) -> dict:
+    """`bertflow stage NAME` as a child process, its MLflow run nested under the flow's."""
+    import os
+    import subprocess
+    import sys
+
+    from components.io import read_json
+
+    env = {**os.environ, PARENT_RUN_ENV: parent_run_id}
+    cmd = [sys.executable, "-m", "pipeline.cli", "stage", name, "--params", params_path]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        for line in proc.stderr:  # pass the stage's log through, keep its end for errors
+            sys.stderr.write(line)
+            lines = [*lines[-49:], line.rstrip()]
+    if proc.returncode != 0:
+        message = next((ln[len("error: "):] for ln in reversed(lines) if ln.startswith("error: ")),
+                       None)
+        if message:  # a clear error from the stage: bad data or params, not worth a retry
+            raise BertflowError(message)
+        raise RuntimeError(f"stage {name} failed (exit {proc.returncode}):\n" + "\n".join(lines[-20:]))
+    p = load_params(params_path)
+    return read_json(metrics_file(p, Path(params_path).parent, name))
 
 
 HEADLINE = ("documents", "documents_out", "sentences_out", "vocab_size", "unk_rate",

@@ -7,16 +7,21 @@ the two paths share every line that matters. Stage order here is the DAG order o
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.config import Params, load_params, to_dict
 from components.errors import BertflowError
 
+if TYPE_CHECKING:
+    from components.tracking import Run
+
 log = logging.getLogger(__name__)
+PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"  # set by the flow for stages it runs as a subprocess
 
 
 @dataclass(frozen=True)
@@ -24,38 +29,61 @@ class Stage:
     """One pipeline stage."""
 
     name: str
-    run: Callable[[Params, Path], dict]
-    """Calls the component function with paths resolved against the project root."""
+    run: Callable[[Params, Path, Run | None], dict]
+    """Calls the component function with paths resolved against the project root (and the
+    stage's MLflow run, None on the non-zero ranks of a distributed run)."""
     params: tuple[str, ...]
     """params.yaml keys it reads: exactly dvc.yaml's `params:` list (a test keeps them equal)."""
     artifacts: Callable[[Params, Path], list[Path]] = field(default=lambda p, root: [])
     """Small outputs to attach to the MLflow run besides the stats."""
+    own_process: bool = False
+    """The flow runs it as `bertflow stage NAME`: Lightning's DDP launcher starts the other
+    ranks by re-running the current command, which must be the stage, not the whole flow."""
 
 
-def _ingest(p: Params, root: Path) -> dict:
+def _ingest(p: Params, root: Path, run: Run | None) -> dict:
     from components.corpus import ingest
 
     return ingest(p.ingest, root, root / p.paths.packages, root / p.paths.raw)
 
 
-def _clean(p: Params, root: Path) -> dict:
+def _clean(p: Params, root: Path, run: Run | None) -> dict:
     from components.corpus import clean
 
     return clean(p.clean, p.executor, root / p.paths.raw, root / p.paths.clean)
 
 
-def _tokenizer(p: Params, root: Path) -> dict:
+def _tokenizer(p: Params, root: Path, run: Run | None) -> dict:
     from components.tokenizer import train_tokenizer
 
     return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
                            max_len=p.model.max_position)
 
 
-def _pairs(p: Params, root: Path) -> dict:
+def _pairs(p: Params, root: Path, run: Run | None) -> dict:
     from components.pairs import make_pairs
 
     return make_pairs(p.pairs, p.executor, root / p.paths.clean, root / p.paths.tokenizer,
                       root / p.paths.pairs)
+
+
+def _pretrain(p: Params, root: Path, run: Run | None) -> dict:
+    from components.pretrain import pretrain, write_curve
+
+    encoder = root / p.paths.models / "encoder"
+    stats = pretrain(p.model, p.pretrain, root / p.paths.pairs, root / p.paths.tokenizer, encoder,
+                     root / p.paths.models / "pretrain-checkpoints",
+                     mlflow_run=(run.uri, run.run_id) if run else None)
+    if run is None:  # a non-zero rank: rank 0 writes and records everything
+        return stats
+    history = stats.pop("history")
+    write_curve(history, root / p.paths.metrics / "pretrain_curve.csv",
+                root / p.paths.metrics / "pretrain_curve.png")
+    run.log_artifact(encoder, "encoder")
+    stats["registered_version"] = run.register(
+        "encoder", "encoder", alias="candidate",
+        tags={"mlm_accuracy": f"{stats['mlm_accuracy']:.4f}", "bertflow.stage": "pretrain"})
+    return stats
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
@@ -64,6 +92,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position"),
           artifacts=lambda p, root: [root / p.paths.tokenizer]),
     Stage("pairs", _pairs, ("pairs",)),
+    Stage("pretrain", _pretrain, ("model", "pretrain"), own_process=True,
+          artifacts=lambda p, root: [root / p.paths.metrics / "pretrain_curve.png"]),
 ]}
 
 
@@ -105,17 +135,32 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
     return p, root, run
 
 
+def distributed_rank() -> int:
+    """This process's rank in a multi-process run (0 when not distributed). Lightning's
+    launcher, torchrun and SLURM set these variables for every rank they start."""
+    for var in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "0") != "0":
+            return int(os.environ[var])
+    return 0
+
+
 def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) -> dict:
-    """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags."""
+    """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags.
+
+    Ranks other than 0 of a distributed run only compute: no run, no files, no records.
+    """
     from components.io import write_json
 
     stage = STAGES[name]
     params_path = Path(params_path).resolve()
+    if distributed_rank() != 0:
+        return stage.run(load_params(params_path), params_path.parent, None)
+    parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     p, root, opened = _open_run(name, params_path, parent_run_id, "ran")
     with opened as run:
         run.log_params({key: lookup(to_dict(p), key) for key in stage.params})
         start = time.perf_counter()
-        stats = stage.run(p, root)
+        stats = stage.run(p, root, run)
         seconds = time.perf_counter() - start
         out = metrics_file(p, root, name)
         write_json(out, stats)

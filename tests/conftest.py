@@ -87,6 +87,17 @@ def stages_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pairs_out(stages_dir) -> tuple[Path, dict]:
+    """The pairs stage on the small corpus (default params), once per session."""
+    from components.config import ExecutorConfig, PairsConfig
+    from components.pairs import make_pairs
+
+    stats = make_pairs(PairsConfig(), ExecutorConfig(workers=2), stages_dir / "clean",
+                       stages_dir / "tokenizer", stages_dir / "pairs")
+    return stages_dir / "pairs", stats
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     """A real, temporary Prefect API for in-process flow runs."""
     from prefect.testing.utilities import prefect_test_harness

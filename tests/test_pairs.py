@@ -179,16 +179,8 @@ def test_google_law_without_balance_and_balanced_by_default(news_docs):
     assert abs(counts[True][0] - 0.5) < 0.02
 
 
-@pytest.fixture(scope="module")
-def pairs_dir(stages_dir):
-    out = stages_dir / "pairs"
-    stats = make_pairs(PairsConfig(), ExecutorConfig(workers=2), stages_dir / "clean",
-                       stages_dir / "tokenizer", out)
-    return out, stats
-
-
-def test_pairs_stage_on_real_corpus(pairs_dir, stages_dir):
-    out, stats = pairs_dir
+def test_pairs_stage_on_real_corpus(pairs_out, stages_dir):
+    out, stats = pairs_out
     assert abs(stats["train"]["nsp_random_fraction"] - 0.5) <= 0.03
     assert stats["train"]["instances"] > 1000 and stats["heldout"]["instances"] > 50
     tok = load(stages_dir / "tokenizer")
@@ -205,8 +197,8 @@ def test_pairs_stage_on_real_corpus(pairs_dir, stages_dir):
     assert sum(hist.values()) == stats["train"]["instances"]
 
 
-def test_same_seed_gives_byte_identical_shards_whatever_the_workers(pairs_dir, stages_dir, tmp_path):
-    out, _ = pairs_dir
+def test_same_seed_gives_byte_identical_shards_whatever_the_workers(pairs_out, stages_dir, tmp_path):
+    out, _ = pairs_out
     make_pairs(PairsConfig(), SERIAL, stages_dir / "clean", stages_dir / "tokenizer", tmp_path / "p")
     for split in ("train", "heldout"):
         a, b = list_shards(out / split), list_shards(tmp_path / "p" / split)

@@ -1,0 +1,167 @@
+"""Pretraining: the batch stream, exact resume after SIGKILL, DDP on CPU, the HF export."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from components.config import PretrainConfig
+from components.masking import Masker
+from components.pretrain import PairBatches, list_blocks, lr_lambda, masking_spec
+from tests.conftest import BIN, run_cli, small_params, write_params
+
+
+@pytest.fixture(scope="module")
+def masker(stages_dir):
+    return Masker(masking_spec(PretrainConfig(), stages_dir / "tokenizer"))
+
+
+def _take(stream, n):
+    return list(itertools.islice(iter(stream), n))
+
+
+def test_ranks_see_disjoint_batches_that_together_are_the_single_stream(pairs_out, masker):
+    folder = pairs_out[0] / "train"
+    single = _take(PairBatches(folder, 8, masker, 3), 20)
+    rank0 = _take(PairBatches(folder, 8, masker, 3, rank=0, world=2), 10)
+    rank1 = _take(PairBatches(folder, 8, masker, 3, rank=1, world=2), 10)
+    ids = lambda batches: [b["instance_id"].tolist() for b in batches]  # noqa: E731
+    assert ids(rank0) == ids(single)[0::2] and ids(rank1) == ids(single)[1::2]
+    assert not set(sum(ids(rank0), [])) & set(sum(ids(rank1), []))
+    # Same masks too: batch g is masked from (seed, g) whichever rank takes it.
+    assert torch.equal(rank1[3]["input_ids"], single[7]["input_ids"])
+
+
+def test_a_stream_started_at_batch_k_continues_exactly(pairs_out, masker):
+    folder = pairs_out[0] / "train"
+    rows = sum(b.rows for b in list_blocks(folder))
+    per_epoch = rows // 16
+    full = _take(PairBatches(folder, 16, masker, 5), per_epoch + 5)  # crosses an epoch boundary
+    k = per_epoch - 3
+    resumed = _take(PairBatches(folder, 16, masker, 5, start_batch=k), 8)
+    for a, b in zip(full[k:], resumed, strict=True):
+        assert torch.equal(a["instance_id"], b["instance_id"]) and torch.equal(a["input_ids"], b["input_ids"])
+    # The next epoch visits the data in another order.
+    assert not torch.equal(full[0]["instance_id"], full[per_epoch]["instance_id"])
+
+
+def test_static_masks_stay_with_their_instance(pairs_out, masker):
+    folder = pairs_out[0] / "heldout"
+    stream = PairBatches(folder, 4, masker, 1, static_masks=True)
+    per_epoch = stream.per_epoch
+    batches = _take(stream, 2 * per_epoch)
+
+    def masks(part):
+        return {int(i): m for b in part for i, m in zip(b["instance_id"], b["input_ids"], strict=True)}
+
+    first, second = masks(batches[:per_epoch]), masks(batches[per_epoch:])
+    common = set(first) & set(second)
+    assert common and all(torch.equal(first[i], second[i]) for i in common)
+
+
+def test_warmup_then_linear_decay():
+    f = lr_lambda(10, 110)
+    assert f(0) == pytest.approx(0.1) and f(9) == 1.0 and f(10) == 1.0
+    assert f(60) == pytest.approx(0.5) and f(110) == 0.0
+
+
+# ---------------------------------------------------------------- the stage, as a process
+
+def _project(root: Path, stages_dir: Path, pairs_dir: Path, **pretrain) -> Path:
+    (root / "data").mkdir(parents=True)
+    shutil.copytree(stages_dir / "tokenizer", root / "data" / "tokenizer")
+    shutil.copytree(pairs_dir, root / "data" / "pairs")
+    settings = {"max_steps": 120, "warmup_steps": 10, "batch_size": 16, "val_every_steps": 40,
+                "checkpoint_every_steps": 10, "log_every_steps": 10, "max_minutes": 20.0,
+                "accelerator": "cpu", **pretrain}
+    return write_params(root, small_params(model={"preset": "tiny"}, pretrain=settings,
+                                           tracking={"uri": "sqlite:///mlflow.db"}))
+
+
+def _weights(export: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(export / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_path):
+    straight = _project(tmp_path / "a", stages_dir, pairs_out[0])
+    run_cli("bertflow", "stage", "pretrain", "-p", str(straight), cwd=straight.parent)
+
+    killed = _project(tmp_path / "b", stages_dir, pairs_out[0])
+    ckpts = killed.parent / "data" / "models" / "pretrain-checkpoints"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bertflow", "stage", "pretrain", "-p", str(killed)], cwd=killed.parent,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while not list(ckpts.glob("*/last.ckpt")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(ckpts.glob("*/last.ckpt")), "no checkpoint was written before the kill"
+    assert not (killed.parent / "data" / "models" / "encoder").exists()  # nothing half-exported
+
+    run_cli("bertflow", "stage", "pretrain", "-p", str(killed), cwd=killed.parent)
+    stats = json.loads((killed.parent / "metrics" / "pretrain_stats.json").read_text())
+    assert stats["resumed"] is True and stats["steps"] == 120
+    a = _weights(straight.parent / "data" / "models" / "encoder")
+    b = _weights(killed.parent / "data" / "models" / "encoder")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list(ckpts.glob("*/last.ckpt"))  # finished: checkpoints are cleaned up
+    _check_export(straight.parent)
+
+
+def _check_export(project: Path) -> None:
+    from transformers import BertForPreTraining
+
+    from components.model import BertConfig, build_model, load_hf_state_dict
+
+    export = project / "data" / "models" / "encoder"
+    assert {p.suffix for p in export.iterdir()} <= {".safetensors", ".json", ".txt"}  # no pickle
+    hf, info = BertForPreTraining.from_pretrained(export, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ours = build_model(BertConfig(**json.loads((export / "bertflow.json").read_text())["config"]))
+    load_hf_state_dict(ours, _weights(export))
+    ours.eval()
+    hf.eval()
+    ids = torch.randint(5, ours.cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    types = torch.zeros_like(ids)
+    with torch.no_grad():
+        out = ours(ids, types, torch.ones_like(ids, dtype=torch.bool), ids, torch.tensor([0, 1]))
+        ref = hf(input_ids=ids, token_type_ids=types)
+    assert (out["mlm_logits"] - ref.prediction_logits.reshape(-1, ours.cfg.vocab_size)).abs().max() <= 1e-4
+    assert (out["nsp_logits"] - ref.seq_relationship_logits).abs().max() <= 1e-4
+    # The curve and the registry entry.
+    assert (project / "metrics" / "pretrain_curve.csv").read_text().startswith("step,tokens,mlm_accuracy")
+    assert (project / "metrics" / "pretrain_curve.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_ddp_with_two_processes_on_cpu(stages_dir, pairs_out, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    params = _project(tmp_path / "ddp", stages_dir, pairs_out[0], devices="2", strategy="ddp",
+                      max_steps=20, val_every_steps=10)
+    run_cli("bertflow", "stage", "pretrain", "-p", str(params), cwd=params.parent)
+    stats = json.loads((params.parent / "metrics" / "pretrain_stats.json").read_text())
+    assert stats["world_size"] == 2 and stats["steps"] == 20
+    assert stats["ddp_first_batch_overlap"] == 0  # the two ranks trained on different instances
+    assert stats["mlm_accuracy"] is not None
+    client = MlflowClient(f"sqlite:///{params.parent / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
+    assert [r.info.run_name for r in runs] == ["pretrain"]  # one run, from rank 0 only
+    assert "train/loss" in runs[0].data.metrics and "val/mlm_accuracy" in runs[0].data.metrics
+    version = client.get_model_version_by_alias("encoder", "candidate")
+    assert version.run_id == runs[0].info.run_id
+    assert (params.parent / "data" / "models" / "encoder" / "model.safetensors").exists()
