@@ -197,11 +197,12 @@ class ModelConfig:
     presets: dict[str, ModelSize] = field(
         default_factory=lambda: {
             "tiny": ModelSize(2, 64, 2, 256),
-            "mini": ModelSize(4, 256, 4, 1024),
+            "mini": ModelSize(2, 256, 4, 1024),
             "base": ModelSize(12, 768, 12, 3072),
         }
     )
-    """Named sizes: tiny (tests), mini (default, CPU), base (BERT-base, GPU)."""
+    """Named sizes: tiny (tests), mini (default: the shape that learns most in 40 CPU-minutes),
+    base (BERT-base, GPU)."""
     max_position: int = 512
     """Learned absolute positions."""
     dropout: float = 0.1
@@ -228,13 +229,13 @@ class PretrainConfig:
     """With span masking, add SpanBERT's span-boundary objective (SBO) to the loss."""
     position_init: Literal["random", "sinusoidal"] = "random"
     """Start the (learned) position embeddings random, as BERT, or as sinusoids."""
-    embedding_init: Literal["random", "corpus_svd"] = "random"
+    embedding_init: Literal["random", "corpus_svd"] = "corpus_svd"
     """Start the token embeddings random, or from static vectors learned on the pairs shards
     (PPMI + truncated SVD of co-occurrence counts, a few seconds)."""
-    short_seq_len: int = 0
+    short_seq_len: int = 32
     """Sequence-length curriculum: if > 0, the first `short_seq_steps` steps train on pieces of
     this many tokens cut from each instance (MLM only, same tokens per step)."""
-    short_seq_steps: int = 0
+    short_seq_steps: int = 3000
     """Optimiser steps of the short-sequence phase."""
     dropout: float = 0.0
     """Dropout while pretraining (off: a corpus seen about once needs none, and it costs ~25%
@@ -251,9 +252,9 @@ class PretrainConfig:
     """AdamW beta2 (0.98 as RoBERTa and cramming; BERT used 0.999)."""
     weight_decay: float = 0.01
     """Weight decay, not applied to biases and LayerNorm."""
-    warmup_steps: int = 500
+    warmup_steps: int = 600
     """Linear warmup steps, then linear decay to zero at max_steps."""
-    max_steps: int = 10_000
+    max_steps: int = 6000
     """Optimiser steps."""
     max_minutes: float = 40.0
     """Wall-clock budget; training stops and exports when it is reached."""

@@ -70,8 +70,8 @@ class Masker:
             units, out = self._spans(input_ids, candidates, budget, generator)
         else:
             # A unit is a token, or a word (a start token and its following `##` pieces).
-            starts = candidates & ~(spec.continuation[input_ids] if spec.unit == "whole_word"
-                                    else torch.zeros_like(candidates))
+            starts = (self._word_starts(input_ids, candidates) if spec.unit == "whole_word"
+                      else candidates)
             units = torch.cumsum(starts, dim=1) * candidates  # (B, T) unit number, 0 = none
             units = self._choose_units(units, budget, generator)
         selected = units > 0
@@ -88,6 +88,13 @@ class Masker:
             masked[to_random] = torch.multinomial(self.replacement, n_random, replacement=True,
                                                   generator=generator)
         return {"input_ids": masked, "mlm_labels": labels, **out}
+
+    def _word_starts(self, input_ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """(B, T) True where a word starts: a non-`##` token, or a `##` piece whose word was cut
+        off by truncation (it follows [CLS]/[SEP]), which must not join the word before it."""
+        after_special = torch.ones_like(candidates)
+        after_special[:, 1:] = ~candidates[:, :-1]
+        return candidates & (~self.spec.continuation[input_ids] | after_special)
 
     @staticmethod
     def _choose_units(units: torch.Tensor, budget: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -115,7 +122,7 @@ class Masker:
         starts, until the budget; also each selected token's boundary positions and offset."""
         spec = self.spec
         B, T = input_ids.shape
-        starts = candidates & ~spec.continuation[input_ids]
+        starts = self._word_starts(input_ids, candidates)
         units = torch.zeros_like(input_ids)
         left = torch.zeros_like(input_ids)
         right = torch.zeros_like(input_ids)

@@ -222,11 +222,14 @@ class BertForPretraining(nn.Module):
         out = {"mlm_loss": F.cross_entropy(logits, targets), "mlm_logits": logits,
                "mlm_targets": targets}
         loss = out["mlm_loss"]
-        if next_sentence_label is not None and bool((next_sentence_label >= 0).any()):
+        if next_sentence_label is not None:
             nsp_logits = self.nsp(self.pooler(hidden))  # (B, 2)
-            out["nsp_loss"] = F.cross_entropy(nsp_logits, next_sentence_label.long(), ignore_index=-1)
-            out["nsp_logits"] = nsp_logits
-            loss = loss + out["nsp_loss"]
+            if bool((next_sentence_label >= 0).any()):
+                out["nsp_loss"] = F.cross_entropy(nsp_logits, next_sentence_label.long(), ignore_index=-1)
+                out["nsp_logits"] = nsp_logits
+                loss = loss + out["nsp_loss"]
+            else:  # no pairs in this batch (packing, short-sequence phase): the pooler and NSP
+                loss = loss + 0.0 * nsp_logits.sum()  # head stay in the graph, as DDP requires
         if self.sbo is not None and sbo_left is not None:
             rows = selected.nonzero()[:, 0]  # (N,) batch row of each selected position
             sbo_logits = self.sbo(hidden[rows, sbo_left[selected]], hidden[rows, sbo_right[selected]],

@@ -80,9 +80,10 @@ def _project(root: Path, stages_dir: Path, pairs_dir: Path, **pretrain) -> Path:
     (root / "data").mkdir(parents=True)
     shutil.copytree(stages_dir / "tokenizer", root / "data" / "tokenizer")
     shutil.copytree(pairs_dir, root / "data" / "pairs")
+    # Both curriculum phases: 32-token pieces to step 40, full length after it.
     settings = {"max_steps": 120, "warmup_steps": 10, "batch_size": 16, "val_every_steps": 40,
                 "checkpoint_every_steps": 10, "log_every_steps": 10, "max_minutes": 20.0,
-                "accelerator": "cpu", **pretrain}
+                "short_seq_len": 32, "short_seq_steps": 40, "accelerator": "cpu", **pretrain}
     return write_params(root, small_params(model={"preset": "tiny"}, pretrain=settings,
                                            tracking={"uri": "sqlite:///mlflow.db"}))
 
@@ -152,7 +153,7 @@ def test_ddp_with_two_processes_on_cpu(stages_dir, pairs_out, tmp_path):
     from mlflow.tracking import MlflowClient
 
     params = _project(tmp_path / "ddp", stages_dir, pairs_out[0], devices="2", strategy="ddp",
-                      max_steps=20, val_every_steps=10)
+                      max_steps=20, val_every_steps=10, short_seq_steps=10)
     run_cli("bertflow", "stage", "pretrain", "-p", str(params), cwd=params.parent)
     stats = json.loads((params.parent / "metrics" / "pretrain_stats.json").read_text())
     assert stats["world_size"] == 2 and stats["steps"] == 20
