@@ -43,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p = load_params(ROOT / "params.yaml")
     parser.add_argument("--preset", default=p.model.preset)
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per model")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per model")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

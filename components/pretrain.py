@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from components.config import ModelConfig, PretrainConfig
-from components.errors import DataError
+from components.errors import ConfigError, DataError
 from components.io import atomic_dir, atomic_file, list_shards, write_json
 from components.masking import Masker, MaskingSpec
 from components.model import BertConfig, build_model, hf_config, hf_state_dict
@@ -118,7 +118,7 @@ class PairBatches(IterableDataset):
         g = self.start_batch * self.world + self.rank  # global index of this rank's next batch
         epoch = g // self.per_epoch
         while self.epochs is None or epoch < self.epochs:
-            first_row = (g % self.per_epoch) * self.batch_size if g // self.per_epoch == epoch else 0
+            first_row = (g % self.per_epoch) * self.batch_size  # where global batch g starts
             row = 0  # rows of this epoch before the current window
             pending: list[pa.Table] = []
             for index, window in enumerate(self._windows(epoch)):
@@ -217,7 +217,7 @@ def masking_spec(cfg: PretrainConfig, tokenizer_dir: Path, pairs_dir: Path | Non
 def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> BertConfig:
     """Our BertConfig from the params' model section, the real vocabulary and the objective."""
     if model.preset not in model.presets:
-        raise DataError(f"model.preset={model.preset!r} is not one of {sorted(model.presets)}")
+        raise ConfigError(f"model.preset={model.preset!r} is not one of {sorted(model.presets)}")
     size = model.presets[model.preset]
     return BertConfig(vocab_size=vocab_size, hidden=size.hidden, layers=size.layers,
                       heads=size.heads, intermediate=size.intermediate,
@@ -247,6 +247,8 @@ def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig):
             self._val: dict[str, float] = {}
             self._tick: tuple[float, int] | None = None
             self.tokens_seen = 0
+            self.history: list[dict] = []  # held-out metrics at each evaluation
+            self.ddp_overlap: int | None = None  # instances both ranks saw in the first step
 
         def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
             # Dropout draws depend only on (seed, rank, step): resume-exact.
@@ -300,9 +302,9 @@ def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig):
 
         def configure_optimizers(self):
             decay, no_decay = [], []
-            for name, p in self.model.named_parameters():
-                # BERT: no weight decay on biases and LayerNorm parameters.
-                (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+            for p in self.model.parameters():
+                # BERT: no weight decay on biases and LayerNorm parameters (the 1-d ones).
+                (no_decay if p.ndim < 2 else decay).append(p)
             optimizer = torch.optim.AdamW(
                 [{"params": decay, "weight_decay": cfg.weight_decay},
                  {"params": no_decay, "weight_decay": 0.0}],
@@ -319,10 +321,7 @@ def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig):
             self.history = state.get("history", [])
             self.tokens_seen = state.get("tokens_seen", 0)
 
-    module = PretrainModule()
-    module.history = []
-    module.ddp_overlap = None
-    return module
+    return PretrainModule()
 
 
 def _accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 DEFAULTS = {
     "DVC_NO_ANALYTICS": "1",
@@ -24,3 +25,6 @@ def configure() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("great_expectations", "alembic", "urllib3", "httpx", "dvc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Lightning prints through its own handler; without this every line appears twice.
+    logging.getLogger("lightning.pytorch").propagate = False
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a deprecation inside Lightning
