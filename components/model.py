@@ -268,7 +268,7 @@ def sinusoids(positions: int, dim: int) -> torch.Tensor:
     return table
 
 
-def build_model(cfg: BertConfig, head: str = "pretraining", **head_args) -> nn.Module:
+def build_model(cfg: BertConfig, head: str = "pretraining") -> nn.Module:
     """The one factory: the encoder with the requested head, initialised as BERT is."""
     if head == "pretraining":
         model: nn.Module = BertForPretraining(cfg)
