@@ -7,6 +7,7 @@ reference is generated from them. Importing this module has no side effects.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class PathsConfig:
     """Learned tokenizer: tokenizer.json, vocab.txt and the transformers config files."""
     pairs: str = "data/pairs"
     """Pretraining instances: `train/` and `heldout/` Parquet shards."""
+    tasks: str = "data/tasks"
+    """Fine-tuning task data: `<task>/{train,valid,test}.parquet` and meta.json."""
     models: str = "data/models"
     """Checkpoints and exported encoders and fine-tuned models."""
     metrics: str = "metrics"
@@ -282,50 +285,84 @@ class PretrainConfig:
 
 @dataclass
 class TaskConfig:
-    """A fine-tuning task."""
+    """A fine-tuning task: its data, its kind (which selects the head) and per-task settings."""
 
     kind: Literal["classification", "pair", "token", "span"]
-    """Task kind, which selects the head."""
+    """Task kind: one text, two texts, a tag per word (BIO), or labelled word spans."""
     source: str
-    """A packaged dataset name, or a file (CSV, JSON Lines, Parquet, CoNLL)."""
+    """A built-in dataset (movie-sentiment, trec-6, bbc-news, conll2003-ner, trec-same-type,
+    news-order) or your file/folder relative to params.yaml: CSV, JSON Lines or Parquet for text
+    tasks, CoNLL columns for token and span tasks; a folder holds train/valid/test files."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Your file's column for each role (text, text_a, text_b, label; CoNLL: tokens, tags as
+    0-based column numbers); unset roles use the role's name (CoNLL: first and last column)."""
     labels: list[str] = field(default_factory=list)
-    """Label set; inferred from the training split when empty."""
+    """Label set (BIO tasks: entity types); inferred from the training split when empty."""
+    split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
+    """Train/valid/test fractions when the source has no given splits (seeded by split_seed)."""
+    split_seed: int = 13
+    """Seed of the split (fixed: every run and every seed sees the same test set)."""
+    max_train_examples: int = 0
+    """Use at most this many training examples (a seeded sample; 0: all)."""
+    max_seq_len: int = 0
+    """Tokens per example; 0 takes finetune.max_seq_len."""
+    long_text: Literal["truncate", "head_tail"] = "truncate"
+    """Texts longer than max_seq_len: keep the head, or the head (1/4) and the tail (3/4)."""
+    epochs: int = 0
+    """Maximum epochs; 0 takes finetune.epochs."""
+    max_span_words: int = 8
+    """Span tasks: the longest span (in words) that is enumerated."""
+    span_decoding: Literal["nested", "greedy"] = "nested"
+    """Span tasks: keep every non-NULL span (nested allowed) or greedy non-overlapping ones."""
 
 
 @dataclass
 class FinetuneConfig:
-    """Stage `finetune@task`: one model per task, pretrained or from scratch."""
+    """Stages `task_data@task` and `finetune@task`: each task trained from the pretrained
+    encoder and, as the baseline, from scratch, over several seeds."""
 
-    tasks: dict[str, TaskConfig] = field(
-        default_factory=lambda: {
-            "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
-            "trec-6": TaskConfig("classification", "trec-6"),
-            "conll2003-ner": TaskConfig("token", "conll2003-ner"),
-        }
-    )
-    """Tasks by name; dvc.yaml runs one stage per task."""
-    init: Literal["pretrained", "scratch"] = "pretrained"
-    """Start from the pretrained encoder or from random weights (the baseline)."""
+    tasks: dict[str, TaskConfig] = field(default_factory=lambda: {
+        "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
+        "trec-6": TaskConfig("classification", "trec-6"),
+        "bbc-news": TaskConfig("classification", "bbc-news", long_text="head_tail"),
+        "conll2003-ner": TaskConfig("token", "conll2003-ner"),
+        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", span_decoding="greedy"),
+        "trec-same-type": TaskConfig("pair", "trec-same-type"),
+        "news-order": TaskConfig("pair", "news-order"),
+    })
+    """Tasks by name; dvc.yaml runs one stage of each kind per task (foreach)."""
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    """Seeds of the runs per init (the transfer table's mean and std); the first is exported."""
+    baseline: bool = True
+    """Also train the same architecture from random weights (the from-scratch baseline)."""
     max_seq_len: int = 128
     """Tokens per example."""
     batch_size: int = 32
     """Examples per step."""
-    lr: float = 5e-5
-    """Peak learning rate."""
+    lr: float = 2e-4
+    """Peak learning rate (AdamW; linear warmup over 10% of the steps, then linear decay)."""
+    weight_decay: float = 0.01
+    """Weight decay, not applied to biases and LayerNorm."""
     epochs: int = 3
     """Maximum epochs (early stopping may end sooner)."""
+    evals_per_epoch: int = 2
+    """Validation passes per epoch (early stopping and best-checkpoint decisions)."""
+    patience: int = 2
+    """Stop after this many validation passes without improvement."""
     train_last_k: int = -1
     """Train only the last k encoder layers (and the head); -1 trains all."""
-    seed: int = 1
-    """Seed for initialisation and data order."""
+    label_subwords: Literal["all", "first"] = "all"
+    """Token tasks: train on every subword of a word (BERT) or only on its first subword."""
+    crf: bool = False
+    """Token tasks: a CRF layer over the emissions, Viterbi decoding."""
+    span_threshold: bool = False
+    """Span tasks: calibrate a score threshold on the validation split (best F1)."""
 
 
 @dataclass
 class EvaluateConfig:
-    """Stage `evaluate`: metrics per task and the transfer table."""
+    """Stages `evaluate@task` and `transfer`: metrics per run, and what pretraining bought."""
 
-    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
-    """Seeds averaged in the transfer table."""
     tfidf_baseline: bool = True
     """Add a TF-IDF + logistic regression reference for text classification tasks."""
 
@@ -439,6 +476,30 @@ def check(p: Params, where: str) -> None:
         (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",
          "pretrain.span_boundary_objective", "needs pretrain.masking: span"),
     ]
+    f = p.finetune
+    rules += [
+        (bool(f.seeds), "finetune.seeds", "needs at least one seed"),
+        (f.batch_size >= 1, "finetune.batch_size", "must be at least 1"),
+        (f.lr > 0, "finetune.lr", "must be positive"),
+        (f.epochs >= 1, "finetune.epochs", "must be at least 1"),
+        (f.evals_per_epoch >= 1, "finetune.evals_per_epoch", "must be at least 1"),
+        (f.patience >= 1, "finetune.patience", "must be at least 1"),
+        (8 <= f.max_seq_len <= p.model.max_position, "finetune.max_seq_len",
+         f"must be between 8 and model.max_position ({p.model.max_position})"),
+    ]
+    for name, t in f.tasks.items():
+        key = f"finetune.tasks.{name}"
+        rules += [
+            (re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name) is not None, key,
+             "task names take letters, digits, - and _ (they name stages and folders)"),
+            (len(t.split) == 3 and all(x >= 0 for x in t.split) and abs(sum(t.split) - 1) < 1e-6
+             and t.split[0] > 0, f"{key}.split", "must be 3 fractions (train, valid, test) summing to 1"),
+            (t.max_seq_len == 0 or 8 <= t.max_seq_len <= p.model.max_position, f"{key}.max_seq_len",
+             f"must be 0 or between 8 and model.max_position ({p.model.max_position})"),
+            (t.max_span_words >= 1, f"{key}.max_span_words", "must be at least 1"),
+            (t.epochs >= 0 and t.max_train_examples >= 0, f"{key}.epochs",
+             "epochs and max_train_examples must not be negative"),
+        ]
     rules += [(size.hidden % size.heads == 0, f"model.presets.{name}.heads",
                f"must divide hidden ({size.hidden})") for name, size in sizes.items()]
     for ok, key, message in rules:

@@ -268,20 +268,31 @@ def sinusoids(positions: int, dim: int) -> torch.Tensor:
     return table
 
 
-def build_model(cfg: BertConfig, head: str = "pretraining") -> nn.Module:
-    """The one factory: the encoder with the requested head, initialised as BERT is."""
-    if head == "pretraining":
-        model: nn.Module = BertForPretraining(cfg)
-    elif head == "encoder":
-        model = Encoder(cfg)
-    else:
-        raise ValueError(f"unknown head {head!r}")
+def build_model(cfg: BertConfig, head: str = "pretraining", num_labels: int = 0, crf: bool = False,
+                max_span_words: int = 8) -> nn.Module:
+    """The one factory: the encoder with the requested head, initialised as BERT is.
+
+    Heads: `pretraining` (MLM + NSP), `encoder` (none), and the fine-tuning heads
+    `classification` (also pairs), `token` (optionally with a CRF) and `span`.
+    """
+    from components import heads
+
+    builders = {
+        "pretraining": lambda: BertForPretraining(cfg),
+        "encoder": lambda: Encoder(cfg),
+        "classification": lambda: heads.SequenceClassifier(cfg, num_labels),
+        "token": lambda: heads.TokenClassifier(cfg, num_labels, crf),
+        "span": lambda: heads.SpanClassifier(cfg, num_labels, max_span_words),
+    }
+    if head not in builders:
+        raise ValueError(f"unknown head {head!r} (heads: {', '.join(builders)})")
+    model = builders[head]()
     init_weights(model, cfg.init_std)
     if cfg.position_init == "sinusoidal":
         # Random positions give near-uniform attention: every token first sees a bag of words.
         # Sinusoids (at the scale of the token embeddings, so they don't drown them) hand
         # attention a distance signal from the first step.
-        encoder = model.encoder if isinstance(model, BertForPretraining) else model
+        encoder = model if isinstance(model, Encoder) else model.encoder
         table = sinusoids(cfg.max_position, cfg.hidden)
         with torch.no_grad():
             encoder.embeddings.position.weight.copy_(table * (cfg.init_std / table.std()))

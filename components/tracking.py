@@ -93,7 +93,7 @@ class Run:
         """Set tags (values as strings)."""
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(_metric_key(k), str(v)) for k, v in tags.items()])
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         """Upload a file or a whole folder."""
@@ -119,8 +119,8 @@ class Run:
 
 
 def _metric_key(key: str) -> str:
-    # MLflow keys allow alphanumerics, _ - . space / : only.
-    return "".join(ch if ch.isalnum() or ch in "_-. /" else "_" for ch in key)
+    # MLflow keys allow alphanumerics, _ - . space / : only; `finetune@task` becomes `finetune/task`.
+    return "".join(ch if ch.isalnum() or ch in "_-. /" else "/" if ch == "@" else "_" for ch in key)
 
 
 @contextlib.contextmanager

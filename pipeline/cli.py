@@ -24,27 +24,26 @@ def run(
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.config import load_params
-    from pipeline.stages import stages_until
+    from pipeline.stages import plan
 
-    stages_until(until)  # refuse a bad stage name or params file before Prefect starts
-    load_params(params)
+    plan(load_params(params), until)  # refuse bad params or a bad stage before Prefect starts
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until)
+    width = max(map(len, results), default=10)
     for name, r in results.items():
-        typer.echo(f"{name:10s} {r['status']:8s} {r['seconds']:7.1f} s")
+        typer.echo(f"{name:{width}s} {r['status']:8s} {r['seconds']:7.1f} s")
 
 
 @app.command()
 def stage(
-    name: Annotated[str, typer.Argument(help="Stage name, as in dvc.yaml.")],
+    name: Annotated[str, typer.Argument(help="Stage name as in dvc.yaml; per-task stages as STAGE@TASK.")],
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Run one stage (what dvc.yaml calls)."""
-    from pipeline.stages import STAGES, run_stage
+    from pipeline.stages import run_stage, split_name
 
-    if name not in STAGES:
-        raise BertflowError(f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
+    split_name(name)  # a clear error for an unknown stage or a missing task
     run_stage(name, params)
 
 

@@ -18,11 +18,11 @@ from components.errors import BertflowError
 from pipeline import versioning
 from pipeline.stages import (
     PARENT_RUN_ENV,
-    STAGES,
     metrics_file,
+    plan,
     record_skipped,
     run_stage,
-    stages_until,
+    split_name,
 )
 
 # Worth a retry: the machine or a service hiccuped (a lost connection or worker, a locked
@@ -56,7 +56,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
         return {"status": "skipped", "seconds": time.perf_counter() - start, "stats": stats}
-    if STAGES[name].own_process:
+    if split_name(name)[0].own_process:
         stats = _run_in_own_process(name, params_path, parent_run_id)
     else:
         stats = run_stage(name, Path(params_path), parent_run_id)
@@ -93,7 +93,8 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str) -> dict
 
 
 HEADLINE = ("documents", "documents_out", "sentences_out", "vocab_size", "unk_rate",
-            "tokens_per_word", "train.instances", "train.nsp_random_fraction", "mlm_accuracy")
+            "tokens_per_word", "train.instances", "train.nsp_random_fraction", "mlm_accuracy",
+            "examples.train", "train_examples", "primary.pretrained.mean", "primary.scratch.mean")
 
 
 def summary_markdown(results: dict[str, dict], failed: str | None = None) -> str:
@@ -130,7 +131,9 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None) ->
         with tracking.run(p.tracking, root, "pipeline",
                           tags={"bertflow.flow": "pipeline", **tracking.git_state(root)}) as parent:
             parent.log_params({"until": until or "all", "params_file": str(path)})
-            for current in stages_until(until):
+            # One task run per stage, and per task for the per-task stages: Prefect's UI then
+            # shows each task's data, fine-tuning and evaluation on its own.
+            for current in plan(p, until):
                 results[current] = stage_task(current, str(path), parent.run_id, tracked)
             current = None
             parent.log_metrics({f"{n}.seconds": r["seconds"] for n, r in results.items()})

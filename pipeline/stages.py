@@ -29,45 +29,48 @@ class Stage:
     """One pipeline stage."""
 
     name: str
-    run: Callable[[Params, Path, Run | None], dict]
-    """Calls the component function with paths resolved against the project root (and the
-    stage's MLflow run, None on the non-zero ranks of a distributed run)."""
+    run: Callable[[Params, Path, Run | None, str], dict]
+    """Calls the component function with paths resolved against the project root, the stage's
+    MLflow run (None on the non-zero ranks of a distributed run) and the task ('' if none)."""
     params: tuple[str, ...]
-    """params.yaml keys it reads: exactly dvc.yaml's `params:` list (a test keeps them equal)."""
-    artifacts: Callable[[Params, Path], list[Path]] = field(default=lambda p, root: [])
+    """params.yaml keys it reads: exactly dvc.yaml's `params:` list (a test keeps them equal);
+    in a per-task stage, `{task}` stands for the task's name."""
+    artifacts: Callable[[Params, Path, str], list[Path]] = field(default=lambda p, root, task: [])
     """Small outputs to attach to the MLflow run besides the stats."""
+    per_task: bool = False
+    """One stage per task of finetune.tasks (a dvc.yaml `foreach`), named `stage@task`."""
     own_process: bool = False
     """The flow runs it as `bertflow stage NAME`: Lightning's DDP launcher starts the other
     ranks by re-running the current command, which must be the stage, not the whole flow."""
 
 
-def _ingest(p: Params, root: Path, run: Run | None) -> dict:
+def _ingest(p: Params, root: Path, run: Run | None, task: str) -> dict:
     from components.corpus import ingest
 
     return ingest(p.ingest, root, root / p.paths.packages, root / p.paths.raw)
 
 
-def _clean(p: Params, root: Path, run: Run | None) -> dict:
+def _clean(p: Params, root: Path, run: Run | None, task: str) -> dict:
     from components.corpus import clean
 
     return clean(p.clean, p.executor, root / p.paths.raw, root / p.paths.clean)
 
 
-def _tokenizer(p: Params, root: Path, run: Run | None) -> dict:
+def _tokenizer(p: Params, root: Path, run: Run | None, task: str) -> dict:
     from components.tokenizer import train_tokenizer
 
     return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
                            max_len=p.model.max_position)
 
 
-def _pairs(p: Params, root: Path, run: Run | None) -> dict:
+def _pairs(p: Params, root: Path, run: Run | None, task: str) -> dict:
     from components.pairs import make_pairs
 
     return make_pairs(p.pairs, p.executor, root / p.paths.clean, root / p.paths.tokenizer,
                       root / p.paths.pairs)
 
 
-def _pretrain(p: Params, root: Path, run: Run | None) -> dict:
+def _pretrain(p: Params, root: Path, run: Run | None, task: str) -> dict:
     from components.pretrain import pretrain, write_curve
 
     encoder = root / p.paths.models / "encoder"
@@ -86,20 +89,100 @@ def _pretrain(p: Params, root: Path, run: Run | None) -> dict:
     return stats
 
 
+def _task_data(p: Params, root: Path, run: Run | None, task: str) -> dict:
+    from components.tasks import prepare_task
+
+    return prepare_task(task, p.finetune.tasks[task], root, root / p.paths.packages,
+                        root / p.paths.tasks / task)
+
+
+def _finetune(p: Params, root: Path, run: Run | None, task: str) -> dict:
+    from components.finetune import finetune_task
+
+    out = root / p.paths.models / "tasks" / task
+    stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
+                          root / p.paths.models / "encoder", out)
+    if run is not None:
+        run.log_artifact(out / "model", "model")
+    return stats
+
+
+def _evaluate(p: Params, root: Path, run: Run | None, task: str) -> dict:
+    from components.evaluate import evaluate_task
+
+    return evaluate_task(task, p.finetune.tasks[task], p.evaluate, root / p.paths.tasks / task,
+                         root / p.paths.models / "tasks" / task, root / p.paths.metrics / "tasks" / task)
+
+
+def _transfer(p: Params, root: Path, run: Run | None, task: str) -> dict:
+    from components.evaluate import transfer_report
+
+    metrics = root / p.paths.metrics
+    return transfer_report(list(p.finetune.tasks), metrics / "tasks", metrics / "transfer.md",
+                           metrics / "transfer.json")
+
+
+FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
+    "seeds", "baseline", "max_seq_len", "batch_size", "lr", "weight_decay", "epochs",
+    "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold"))
+
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",)),
     Stage("clean", _clean, ("clean",)),
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position"),
-          artifacts=lambda p, root: [root / p.paths.tokenizer]),
+          artifacts=lambda p, root, task: [root / p.paths.tokenizer]),
     Stage("pairs", _pairs, ("pairs",)),
     Stage("pretrain", _pretrain, ("model", "pretrain"), own_process=True,
-          artifacts=lambda p, root: [root / p.paths.metrics / "pretrain_curve.png"]),
+          artifacts=lambda p, root, task: [root / p.paths.metrics / "pretrain_curve.png"]),
+    Stage("task_data", _task_data, ("finetune.tasks.{task}",), per_task=True),
+    Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS), per_task=True),
+    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
+          artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),
+    Stage("transfer", _transfer, ("finetune.tasks", "evaluate"),
+          artifacts=lambda p, root, task: [root / p.paths.metrics / "transfer.md"]),
 ]}
 
 
-def metrics_file(p: Params, root: Path, stage: str) -> Path:
+def split_name(name: str) -> tuple[Stage, str]:
+    """`finetune@trec-6` -> (the finetune stage, "trec-6"); a stage without a task -> (stage, "")."""
+    base, _, task = name.partition("@")
+    if base not in STAGES:
+        raise BertflowError(f"unknown stage {base!r} (stages: {', '.join(STAGES)})")
+    stage = STAGES[base]
+    if stage.per_task != bool(task):
+        raise BertflowError(f"stage {base} {'needs' if stage.per_task else 'takes no'} a task: "
+                            f"{'`' + base + '@TASK`' if stage.per_task else '`' + base + '`'}")
+    return stage, task
+
+
+def stage_params(stage: Stage, task: str) -> list[str]:
+    """The params.yaml keys a stage (of a task) reads."""
+    return [key.format(task=task) for key in stage.params]
+
+
+def plan(p: Params, until: str | None = None) -> list[str]:
+    """Stage names in run order (a per-task stage once per task), up to and including every
+    stage named `until` (a stage, or one task's stage: `finetune@trec-6`)."""
+    names = []
+    for stage in STAGES.values():
+        names += [f"{stage.name}@{t}" for t in p.finetune.tasks] if stage.per_task else [stage.name]
+    if until is None:
+        return names
+    stage, task = split_name(until) if "@" in until else (STAGES.get(until), "")
+    if stage is None:
+        raise BertflowError(f"unknown stage {until!r} (stages: {', '.join(STAGES)})")
+    if task and task not in p.finetune.tasks:
+        raise BertflowError(f"unknown task {task!r} (tasks: {', '.join(p.finetune.tasks)})")
+    last = max(i for i, n in enumerate(names) if n == until or n.partition("@")[0] == until)
+    return names[: last + 1]
+
+
+def metrics_file(p: Params, root: Path, name: str) -> Path:
     """Where a stage's stats go (a DVC metrics file, kept in git)."""
-    return root / p.paths.metrics / f"{stage}_stats.json"
+    base, _, task = name.partition("@")
+    if task:
+        return root / p.paths.metrics / "tasks" / task / f"{base}_stats.json"
+    return root / p.paths.metrics / f"{name}_stats.json"
 
 
 def lookup(data: dict, dotted: str) -> Any:
@@ -107,16 +190,6 @@ def lookup(data: dict, dotted: str) -> Any:
     for part in dotted.split("."):
         data = data[part]
     return data
-
-
-def stages_until(until: str | None) -> list[str]:
-    """Stage names in DAG order, up to and including `until`."""
-    names = list(STAGES)
-    if until is None:
-        return names
-    if until not in STAGES:
-        raise BertflowError(f"unknown stage {until!r} (stages: {', '.join(names)})")
-    return names[: names.index(until) + 1]
 
 
 def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: str):
@@ -135,6 +208,12 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
     return p, root, run
 
 
+def _check_task(p: Params, task: str, params_path: Path) -> None:
+    if task and task not in p.finetune.tasks:
+        raise BertflowError(f"{params_path}: no task {task!r} in finetune.tasks "
+                            f"(tasks: {', '.join(p.finetune.tasks)})")
+
+
 def distributed_rank() -> int:
     """This process's rank in a multi-process run (0 when not distributed). Lightning's
     launcher, torchrun and SLURM set these variables for every rank they start."""
@@ -151,22 +230,23 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) ->
     """
     from components.io import write_json
 
-    stage = STAGES[name]
+    stage, task = split_name(name)
     params_path = Path(params_path).resolve()
     if distributed_rank() != 0:
-        return stage.run(load_params(params_path), params_path.parent, None)
+        return stage.run(load_params(params_path), params_path.parent, None, task)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     p, root, opened = _open_run(name, params_path, parent_run_id, "ran")
     with opened as run:
-        run.log_params({key: lookup(to_dict(p), key) for key in stage.params})
+        _check_task(p, task, params_path)
+        run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
-        stats = stage.run(p, root, run)
+        stats = stage.run(p, root, run, task)
         seconds = time.perf_counter() - start
         out = metrics_file(p, root, name)
         write_json(out, stats)
         run.log_metrics({**stats, "seconds": seconds})
         run.log_artifact(out)
-        for path in stage.artifacts(p, root):
+        for path in stage.artifacts(p, root, task):
             run.log_artifact(path, path.name)
     log.info("stage %s done in %.1f s", name, seconds)
     return stats
@@ -177,12 +257,12 @@ def record_skipped(name: str, params_path: Path, parent_run_id: str | None) -> d
     stats of the outputs it keeps."""
     from components.io import read_json
 
-    stage = STAGES[name]
+    stage, task = split_name(name)
     params_path = Path(params_path).resolve()
     p, root, opened = _open_run(name, params_path, parent_run_id, "skipped")
     stats_path = metrics_file(p, root, name)
     stats = read_json(stats_path) if stats_path.exists() else {}
     with opened as run:
-        run.log_params({key: lookup(to_dict(p), key) for key in stage.params})
+        run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
         run.log_metrics(stats)
     return stats

@@ -28,7 +28,11 @@ def test_unknown_stage_for_until_is_refused_before_prefect_starts(tmp_path):
     proc = run_cli("bertflow", "run", "--until", "bogus", "-p", str(params), cwd=tmp_path, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("error: unknown stage 'bogus' (stages: ingest, clean, tokenizer, "
-                                   "pairs, pretrain)")
+                                   "pairs, pretrain, task_data, finetune, evaluate, transfer)")
+    proc = run_cli("bertflow", "run", "--until", "finetune@nope", "-p", str(params), cwd=tmp_path,
+                   check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("error: unknown task 'nope' (tasks: movie-sentiment, trec-6,")
     assert not (tmp_path / "mlflow.db").exists()  # nothing started, nothing recorded
 
 

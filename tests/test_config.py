@@ -19,7 +19,8 @@ def _keys(data: dict, prefix: str = "") -> set[str]:
     out = set()
     for key, value in data.items():
         out.add(prefix + key)
-        if isinstance(value, dict):
+        # A task entry spells out only what differs from TaskConfig's defaults.
+        if isinstance(value, dict) and prefix != "finetune.tasks.":
             out |= _keys(value, f"{prefix}{key}.")
     return out
 
@@ -52,20 +53,29 @@ def test_dvc_params_lists_match_what_each_stage_reads():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert list(dvc) == list(STAGES), "dvc.yaml stages and pipeline order differ"
     params = to_dict(Params())
+    task = next(iter(params["finetune"]["tasks"]))
     for name, stage in dvc.items():
-        assert tuple(stage["params"]) == STAGES[name].params, name
-        for key in stage["params"]:
+        per_task = "foreach" in stage
+        assert per_task == STAGES[name].per_task, name
+        if per_task:  # one stage per task: `${key}` in dvc.yaml is `{task}` in stages.py
+            assert stage["foreach"] == "${finetune.tasks}"
+            stage = stage["do"]
+        keys = [k.replace("${key}", "{task}") for k in stage["params"]]
+        assert tuple(keys) == STAGES[name].params, name
+        for key in keys:
             value = params
-            for part in key.split("."):
+            for part in key.format(task=task).split("."):
                 assert part in value, f"dvc.yaml {name}: params key {key} not in params.yaml"
                 value = value[part]
-        assert stage["cmd"] == f"bertflow stage {name}"
+        assert stage["cmd"] == f"bertflow stage {name}" + ("@${key}" if per_task else "")
 
 
 def test_dvc_yaml_paths_come_from_params():
     text = (ROOT / "dvc.yaml").read_text()
     params = to_dict(Params())
     for ref in re.findall(r"\$\{([^}]+)\}", text):
+        if ref == "key":  # the task name of a foreach stage
+            continue
         section, key = ref.split(".")
         assert key in params[section], ref
     # No data path is spelled out by hand: every data/ path is templated.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -161,3 +162,47 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
 
     assert len(failed_runs(tmp_path / "a", "clean")) == 3  # first try + 2 retries
     assert len(failed_runs(tmp_path / "b", "ingest")) == 1
+
+
+@pytest.mark.slow
+def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_project):
+    # Your own task files take the built-ins' place through params.yaml alone: `bertflow run`
+    # goes from the corpus to the transfer table, then `dvc repro` agrees nothing is stale.
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_finetune import _user_files
+
+    repo = dvc_project
+    _user_files(repo / "data" / "user" / "tasks")
+    data = yaml.safe_load((repo / "params.yaml").read_text())
+    data["model"]["preset"] = "tiny"
+    data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
+                            checkpoint_every_steps=15, short_seq_steps=10, accelerator="cpu")
+    data["finetune"].update(
+        tasks={"reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
+                           "columns": {"text": "review", "label": "verdict"}},
+               "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"}},
+        seeds=[1, 2], lr=0.003, epochs=4, batch_size=16, patience=8)
+    (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    run_cli("git", "add", "-A", cwd=repo)
+    run_cli("git", "commit", "-qm", "user tasks", cwd=repo)
+
+    out = run_cli("bertflow", "run", cwd=repo).stdout
+    statuses = dict(line.split()[:2] for line in out.splitlines() if line.split()[1:2] == ["ran"])
+    assert list(statuses) == [*DATA_STAGES, "pretrain", "task_data@reviews", "task_data@ner",
+                              "finetune@reviews", "finetune@ner", "evaluate@reviews", "evaluate@ner",
+                              "transfer"]
+    assert _dvc_clean(repo, "transfer")
+    assert "didn't change, skipping" in run_cli("dvc", "repro", cwd=repo).stdout
+    table = (repo / "metrics" / "transfer.md").read_text()
+    assert "| reviews | classification | accuracy |" in table and "| ner | token | entity_f1 |" in table
+    stats = json.loads((repo / "metrics" / "tasks" / "ner" / "evaluate_stats.json").read_text())
+    assert set(stats["runs"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+    assert stats["primary"]["pretrained"]["mean"] > 0.8
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
+    finetune = next(r for r in runs if r.info.run_name == "finetune@reviews")
+    assert finetune.data.params["finetune.tasks.reviews.source"] == "data/user/tasks/reviews.csv"
+    assert finetune.data.tags["dvc.dep.data/tasks/reviews"] == _lock_out(repo, "task_data@reviews")
+    assert "model" in {a.path for a in client.list_artifacts(finetune.info.run_id)}

@@ -1,0 +1,308 @@
+"""Stage evaluate: metrics against hand-computed values, conlleval span rules, the table, the writers."""
+
+from __future__ import annotations
+
+import csv
+import random
+
+import pytest
+
+from components.evaluate import (
+    bio_to_spans,
+    classification_metrics,
+    entity_metrics,
+    spans_to_bio,
+    summarize,
+    tfidf_baseline,
+    transfer_table,
+    write_confusion,
+    write_curves,
+    write_per_class,
+)
+
+# A 3-class example, rows = true, columns = predicted:
+#            pred a  pred b  pred c   | true total t_k
+#   true a      3       1       0     |   4
+#   true b      0       2       1     |   3
+#   true c      2       0       1     |   3
+#   pred p_k    5       3       2     |  s = 10, trace c = 6
+CONFUSION = [[3, 1, 0], [0, 2, 1], [2, 0, 1]]
+LABELS = ["a", "b", "c"]
+
+
+def _pairs_from(confusion: list[list[int]], labels: list[str]) -> tuple[list[str], list[str]]:
+    y_true, y_pred = [], []
+    for i, row in enumerate(confusion):
+        for j, count in enumerate(row):
+            y_true += [labels[i]] * count
+            y_pred += [labels[j]] * count
+    return y_true, y_pred
+
+
+def test_classification_metrics_by_hand():
+    y_true, y_pred = _pairs_from(CONFUSION, LABELS)
+    m = classification_metrics(y_true, y_pred, LABELS)
+    assert m["confusion"] == CONFUSION
+    assert m["labels"] == LABELS
+    assert m["accuracy"] == pytest.approx(6 / 10)  # trace / total
+    # a: P = 3/5, R = 3/4, F1 = 2*3 / (5 + 4) = 2/3
+    # b: P = 2/3, R = 2/3, F1 = 2/3
+    # c: P = 1/2, R = 1/3, F1 = 2*1 / (2 + 3) = 2/5
+    expected = {"a": (3 / 5, 3 / 4, 2 / 3, 4), "b": (2 / 3, 2 / 3, 2 / 3, 3), "c": (1 / 2, 1 / 3, 2 / 5, 3)}
+    for label, (p, r, f, support) in expected.items():
+        got = m["per_class"][label]
+        assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((p, r, f))
+        assert got["support"] == support
+    # macro F1 = (2/3 + 2/3 + 2/5) / 3 = (10/15 + 10/15 + 6/15) / 3 = 26/45
+    assert m["macro_f1"] == pytest.approx(26 / 45)
+    # Gorodkin: numerator c*s - sum p_k t_k = 6*10 - (5*4 + 3*3 + 2*3) = 60 - 35 = 25
+    #   s^2 - sum p_k^2 = 100 - (25 + 9 + 4) = 62;  s^2 - sum t_k^2 = 100 - (16 + 9 + 9) = 66
+    #   MCC = 25 / sqrt(62 * 66) = 25 / sqrt(4092) ≈ 0.39081
+    assert m["mcc"] == pytest.approx(25 / 4092 ** 0.5)
+    assert m["mcc"] == pytest.approx(0.39081, abs=1e-5)
+
+
+def test_classification_metrics_edge_cases():
+    perfect = classification_metrics(["x", "y", "x"], ["x", "y", "x"], ["x", "y"])
+    assert perfect["accuracy"] == perfect["macro_f1"] == perfect["mcc"] == 1.0
+    # Always predicting one class: MCC's denominator is 0 (s^2 - sum p^2 = 0), so 0 as in sklearn;
+    # the never-predicted class has P = 0 (no predictions), R = 0, F1 = 0.
+    constant = classification_metrics(["x", "y", "y"], ["y", "y", "y"], ["x", "y"])
+    assert constant["mcc"] == 0.0
+    assert constant["per_class"]["x"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+    # A label asked for but absent from both sides still counts in the macro average (as a 0).
+    assert classification_metrics(["x"], ["x"], ["x", "z"])["macro_f1"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="not in"):
+        classification_metrics(["x"], ["q"], ["x", "y"])
+    with pytest.raises(ValueError):
+        classification_metrics(["x", "y"], ["x"], ["x", "y"])
+
+
+def test_classification_metrics_match_sklearn():
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
+
+    rng = random.Random(0)
+    labels = ["neg", "neu", "pos", "mixed"]
+    for _ in range(20):
+        n = rng.randint(5, 60)
+        y_true = [rng.choice(labels) for _ in range(n)]
+        # Noisy copies of the truth, so scores spread over the whole range.
+        y_pred = [y if rng.random() < rng.random() else rng.choice(labels) for y in y_true]
+        m = classification_metrics(y_true, y_pred, labels)
+        assert m["mcc"] == pytest.approx(matthews_corrcoef(y_true, y_pred))
+        assert m["macro_f1"] == pytest.approx(
+            f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0))
+        assert m["accuracy"] == pytest.approx(accuracy_score(y_true, y_pred))
+        assert m["confusion"] == confusion_matrix(y_true, y_pred, labels=labels).tolist()
+
+
+@pytest.mark.parametrize(("tags", "spans"), [
+    ([], []),
+    (["O", "O"], []),
+    (["B-PER", "I-PER", "O", "B-LOC"], [(0, 2, "PER"), (3, 4, "LOC")]),  # trailing entity closes at n
+    (["O", "I-PER", "I-PER", "O"], [(1, 3, "PER")]),  # I- after O starts an entity
+    (["I-ORG"], [(0, 1, "ORG")]),  # I- at the very start, too
+    (["B-PER", "I-LOC", "I-LOC"], [(0, 1, "PER"), (1, 3, "LOC")]),  # I-X after B-Y: new entity
+    (["B-PER", "I-PER", "I-LOC", "B-LOC"], [(0, 2, "PER"), (2, 3, "LOC"), (3, 4, "LOC")]),
+    (["B-PER", "B-PER", "I-PER"], [(0, 1, "PER"), (1, 3, "PER")]),  # B- after B- of the same type
+    (["B-MISC", "I-MISC", "I-MISC"], [(0, 3, "MISC")]),
+    (["B-A-B", "I-A-B"], [(0, 2, "A-B")]),  # the type is everything after the first hyphen
+])
+def test_bio_to_spans_conlleval(tags, spans):
+    assert bio_to_spans(tags) == spans
+
+
+def test_bio_to_spans_rejects_malformed_tags():
+    for bad in (["X"], ["B-"], ["E-PER"], ["b-PER"]):
+        with pytest.raises(ValueError, match="not a BIO tag"):
+            bio_to_spans(bad)
+
+
+def _random_bio2(rng: random.Random, n: int) -> list[str]:
+    """A valid BIO2 sequence: every entity begins with B-, I-X only continues an X."""
+    tags: list[str] = []
+    for _ in range(n):
+        prev = tags[-1] if tags else "O"
+        choices = ["O", "B-PER", "B-LOC", "B-ORG"]
+        if prev != "O":
+            choices += [f"I-{prev[2:]}"] * 2
+        tags.append(rng.choice(choices))
+    return tags
+
+
+def test_spans_bio_round_trip():
+    rng = random.Random(1)
+    for _ in range(500):
+        tags = _random_bio2(rng, rng.randint(0, 25))
+        spans = bio_to_spans(tags)
+        assert spans_to_bio(spans, len(tags)) == tags
+        assert bio_to_spans(spans_to_bio(spans, len(tags))) == spans
+        # Spans tile without overlap and in order.
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_spans_to_bio_by_hand_and_errors():
+    assert spans_to_bio([(3, 4, "LOC"), (0, 2, "PER")], 5) == ["B-PER", "I-PER", "O", "B-LOC", "O"]
+    assert spans_to_bio([(0, 1, "PER"), (1, 3, "PER")], 3) == ["B-PER", "B-PER", "I-PER"]
+    with pytest.raises(ValueError, match="overlaps"):
+        spans_to_bio([(0, 2, "PER"), (1, 3, "LOC")], 4)
+    with pytest.raises(ValueError, match="outside"):
+        spans_to_bio([(2, 5, "PER")], 4)
+    with pytest.raises(ValueError, match="outside"):
+        spans_to_bio([(2, 2, "PER")], 4)
+
+
+def test_entity_metrics_by_hand():
+    gold = [
+        [(0, 2, "PER"), (3, 4, "LOC")],
+        [(1, 3, "ORG")],
+        [],
+    ]
+    pred = [
+        [(0, 2, "PER"), (3, 5, "LOC")],  # PER exact: hit; LOC one word too long: miss
+        [(1, 3, "PER"), (1, 3, "PER")],  # right span, wrong type: miss; the duplicate counts once
+        [(0, 1, "LOC")],  # spurious
+    ]
+    m = entity_metrics(gold, pred)
+    # gold = 2 + 1 + 0 = 3, predicted = 2 + 1 + 1 = 4 (after dedup), hits = 1
+    # P = 1/4, R = 1/3, F1 = 2*1 / (4 + 3) = 2/7
+    assert (m["precision"], m["recall"], m["f1"]) == pytest.approx((1 / 4, 1 / 3, 2 / 7))
+    assert (m["support"], m["predicted"]) == (3, 4)
+    # PER: gold 1, predicted 2 (one per sentence), hit 1 -> P 1/2, R 1, F1 2/3
+    # LOC: gold 1, predicted 2, hit 0 -> 0, 0, 0;  ORG: gold 1, predicted 0 -> 0, 0, 0
+    per = m["per_class"]
+    assert set(per) == {"PER", "LOC", "ORG"}
+    assert (per["PER"]["precision"], per["PER"]["recall"], per["PER"]["f1"]) == pytest.approx((0.5, 1, 2 / 3))
+    assert per["PER"]["support"] == 1
+    assert per["LOC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+    assert per["ORG"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+
+
+def test_entity_metrics_from_tags_and_empty():
+    gold = [bio_to_spans(["B-PER", "I-PER", "O", "B-LOC"])]
+    assert entity_metrics(gold, gold)["f1"] == 1.0
+    assert entity_metrics([[]], [[]])["f1"] == 0.0  # nothing to find: no score, not a crash
+    with pytest.raises(ValueError):
+        entity_metrics([[]], [])
+
+
+def test_summarize():
+    # mean of 1, 2, 3, 4 = 2.5; sample variance = (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3
+    s = summarize([1, 2, 3, 4])
+    assert s["mean"] == 2.5 and s["n"] == 4 and s["values"] == [1.0, 2.0, 3.0, 4.0]
+    assert s["std"] == pytest.approx((5 / 3) ** 0.5)
+    assert summarize([0.7]) == {"mean": 0.7, "std": 0.0, "n": 1, "values": [0.7]}
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def _table_rows(table: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in table.strip().splitlines()[2:]]
+
+
+def test_transfer_table_verdicts():
+    rows = [
+        # clear gain: 81.0 vs 71.0 -> +10.0 points, spread max(1.0, 1.0) = 1.0 -> helps
+        {"task": "sst", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.80, 0.81, 0.82]),
+         "scratch": summarize([0.70, 0.71, 0.72]), "tfidf": 0.765},
+        # 81.0 ± 4.0 vs 80.0 ± 1.0 -> +1.0 points < 4.0 -> within seed spread
+        {"task": "ner", "kind": "token", "metric": "entity_f1", "pretrained": summarize([0.77, 0.81, 0.85]),
+         "scratch": summarize([0.79, 0.80, 0.81]), "tfidf": None},
+        # 60.0 vs 70.0 -> -10.0 points, beyond the 1.0 spread -> hurts
+        {"task": "rte", "kind": "pair", "metric": "accuracy", "pretrained": summarize([0.59, 0.60, 0.61]),
+         "scratch": summarize([0.69, 0.70, 0.71]), "tfidf": 0.5},
+        # no from-scratch run: nothing to compare
+        {"task": "squad", "kind": "span", "metric": "f1", "pretrained": summarize([0.5]),
+         "scratch": None, "tfidf": None},
+    ]
+    table = transfer_table(rows)
+    lines = table.strip().splitlines()
+    assert lines[0] == ("| task | kind | metric | pretrained | from scratch | gain | TF-IDF + LR | verdict |")
+    assert lines[1].count("---") == 8
+    body = _table_rows(table)
+    assert body[0] == ["sst", "cls", "accuracy", "81.0 ± 1.0", "71.0 ± 1.0", "+10.0", "76.5",
+                       "pretraining helps"]
+    assert body[1] == ["ner", "token", "entity_f1", "81.0 ± 4.0", "80.0 ± 1.0", "+1.0", "—",
+                       "within seed spread"]
+    assert body[2][5:] == ["-10.0", "50.0", "pretraining hurts"]
+    assert body[3] == ["squad", "span", "f1", "50.0 ± 0.0", "—", "—", "—", "—"]
+
+
+def test_transfer_table_single_seed_is_flagged():
+    row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.9]),
+           "scratch": summarize([0.8]), "tfidf": None}
+    assert _table_rows(transfer_table([row]))[0][-1] == "pretraining helps (single seed: spread unknown)"
+
+
+def test_tfidf_baseline_learns_separable_toy():
+    pos = ["great good film", "good fun great", "wonderful great acting", "good good plot"]
+    neg = ["bad awful film", "awful boring bad", "terrible bad acting", "boring awful plot"]
+    texts, labels = pos + neg, ["pos"] * 4 + ["neg"] * 4
+    test = ["a great good movie", "an awful bad movie", "good [SEP] great", "bad [SEP] boring"]
+    assert tfidf_baseline(texts, labels, test, seed=0) == ["pos", "neg", "pos", "neg"]
+    assert tfidf_baseline(texts, labels, test, seed=0) == tfidf_baseline(texts, labels, test, seed=1)
+    assert tfidf_baseline(["x y", "y z"], ["only", "only"], ["z"], seed=0) == ["only"]
+
+
+def _read_csv(path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _no_temp_files(folder) -> bool:
+    return not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_write_confusion(tmp_path):
+    y_true, y_pred = _pairs_from(CONFUSION, LABELS)
+    metrics = classification_metrics(y_true, y_pred, LABELS)
+    write_confusion(metrics, tmp_path / "confusion.png", tmp_path / "confusion.csv")
+    rows = _read_csv(tmp_path / "confusion.csv")
+    assert len(rows) == 9  # one per cell, zeros included
+    assert {(r["actual"], r["predicted"]): int(r["count"]) for r in rows} == {
+        (a, p): CONFUSION[i][j] for i, a in enumerate(LABELS) for j, p in enumerate(LABELS)}
+    assert _is_png(tmp_path / "confusion.png")
+    assert _no_temp_files(tmp_path)
+
+
+def test_write_per_class(tmp_path):
+    per_class = {"PER": {"precision": 0.5, "recall": 1.0, "f1": 2 / 3, "support": 1},
+                 "LOC, city": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2}}
+    write_per_class(per_class, tmp_path / "per_class.png", tmp_path / "per_class.csv")
+    rows = _read_csv(tmp_path / "per_class.csv")
+    assert list(rows[0]) == ["label", "precision", "recall", "f1", "support"]
+    assert [r["label"] for r in rows] == ["PER", "LOC, city"]  # a comma in a label survives quoting
+    assert float(rows[0]["f1"]) == pytest.approx(2 / 3, abs=1e-5)
+    assert rows[1]["support"] == "2"
+    assert _is_png(tmp_path / "per_class.png")
+    assert _no_temp_files(tmp_path)
+
+
+def test_write_curves(tmp_path):
+    histories = {
+        "pretrained-s1": [{"step": 10, "epoch": 0.5, "val_metric": 0.6, "train_loss": 1.2},
+                          {"step": 20, "epoch": 1.0, "val_metric": 0.7, "train_loss": 0.9}],
+        "scratch-s1": [{"step": 10, "epoch": 0.5, "val_metric": 0.4, "train_loss": 1.5}],
+    }
+    write_curves(histories, tmp_path / "out" / "curves.png", tmp_path / "out" / "curves.csv")
+    rows = _read_csv(tmp_path / "out" / "curves.csv")
+    assert list(rows[0]) == ["run", "step", "epoch", "val_metric", "train_loss"]
+    assert [(r["run"], int(r["step"])) for r in rows] == [
+        ("pretrained-s1", 10), ("pretrained-s1", 20), ("scratch-s1", 10)]
+    assert float(rows[1]["val_metric"]) == 0.7 and float(rows[2]["train_loss"]) == 1.5
+    assert _is_png(tmp_path / "out" / "curves.png")
+    assert _no_temp_files(tmp_path / "out")
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, components.evaluate; "
+            "print(any(m.split('.')[0] in ('matplotlib', 'sklearn') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,246 @@
+"""Fine-tuning: subword/word alignment, span enumeration, the CRF, and every task kind trained
+and scored on tiny models (real Lightning, real task files)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pyarrow as pa
+import pytest
+import torch
+
+from components.finetune import (
+    align_words,
+    collate,
+    encode,
+    enumerate_spans,
+    fit_length,
+    label_space,
+    pick_spans,
+    token_labels,
+    word_tags,
+)
+from components.model import IGNORE
+
+
+@pytest.fixture(scope="module")
+def wordpiece():
+    """A hand-made WordPiece vocabulary in which `unbelievable` is three pieces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "john", "un", "##believ", "##able",
+             "smith", "is"]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tok
+
+
+def test_a_word_in_three_pieces_is_aligned_labelled_and_decoded_by_its_first_piece(wordpiece):
+    words, tags = ["john", "unbelievable", "smith"], ["B-PER", "O", "B-PER"]
+    enc = wordpiece.encode(words, is_pretokenized=True)
+    assert enc.tokens == ["[CLS]", "john", "un", "##believ", "##able", "smith", "[SEP]"]
+    assert align_words(enc.word_ids, 3) == ([1, 2, 5], [1, 4, 5])
+
+    space = label_space("token", ["PER"])
+    assert space == ["O", "B-PER", "I-PER"]
+    ids = [space.index(t) for t in tags]  # [1, 0, 1]
+    # Every piece carries its word's tag; or only the first piece does; specials never do.
+    assert token_labels(enc.word_ids, ids, "all") == [IGNORE, 1, 0, 0, 0, 1, IGNORE]
+    assert token_labels(enc.word_ids, ids, "first") == [IGNORE, 1, 0, IGNORE, IGNORE, 1, IGNORE]
+
+    (ex,) = encode(pa.table({"tokens": [words], "tags": [tags]}), "token", wordpiece, ["PER"], 16)
+    batch = collate([ex], "token")
+    assert batch["labels"].tolist() == [[IGNORE, 1, 0, 0, 0, 1, IGNORE]]
+    # Emissions (1, T=7, C=3): the first piece of `unbelievable` says O, its other two pieces
+    # say B-PER; the word's tag is the first piece's.
+    emissions = torch.zeros(1, 7, 3)
+    for pos, tag in [(1, 1), (2, 0), (3, 1), (4, 1), (5, 2)]:
+        emissions[0, pos, tag] = 5.0
+    assert word_tags(emissions, batch["word_first"], [3], space) == [["B-PER", "O", "I-PER"]]
+
+
+def test_words_cut_by_truncation_are_tagged_o(wordpiece):
+    words = ["john", "is", "unbelievable", "smith"]
+    (ex,) = encode(pa.table({"tokens": [words], "tags": [["B-PER", "O", "O", "B-PER"]]}), "token",
+                   wordpiece, ["PER"], max_len=5)  # [CLS] john is un [SEP]: `unbelievable` partly in
+    assert ex.word_first == [1, 2, 3, -1]
+    batch = collate([ex], "token")
+    emissions = torch.zeros(1, 5, 3)
+    emissions[0, :, 1] = 1.0  # B-PER everywhere
+    assert word_tags(emissions, batch["word_first"], [4], label_space("token", ["PER"])) == \
+        [["B-PER", "B-PER", "B-PER", "O"]]
+
+
+@pytest.mark.parametrize("n,L", [(n, L) for n in range(0, 13) for L in range(1, 6)])
+def test_span_enumeration_count(n, L):
+    spans = enumerate_spans(n, L)
+    assert len(spans) == sum(n - w + 1 for w in range(1, min(L, n) + 1))
+    assert len(set(spans)) == len(spans) and all(0 <= a <= b < n and b - a < L for a, b in spans)
+
+
+def test_span_enumeration_by_hand_and_span_labels(wordpiece):
+    assert enumerate_spans(4, 2) == [(0, 0), (0, 1), (1, 1), (1, 2), (2, 2), (2, 3), (3, 3)]
+    words, tags = ["john", "smith", "is", "john"], ["B-PER", "I-PER", "O", "B-PER"]
+    (ex,) = encode(pa.table({"tokens": [words], "tags": [tags]}), "span", wordpiece, ["PER"], 32,
+                   max_span_words=2)
+    labelled = {span for span, label in zip(ex.spans, ex.span_labels, strict=True) if label}
+    assert labelled == {(0, 1), (3, 3)}  # "john smith" and the last "john"; NULL (0) elsewhere
+    batch = collate([ex], "span")
+    assert batch["span_width"][0, :len(ex.spans)].tolist() == [b - a for a, b in ex.spans]
+
+
+def test_long_texts_keep_the_head_or_the_head_and_tail():
+    ids = [2, *range(100, 120), 3]  # [CLS] 20 tokens [SEP]
+    assert fit_length(ids, 10, "truncate") == [2, *range(100, 108), 3]
+    # 8 kept: 2 from the head (1/4), 6 from the tail.
+    assert fit_length(ids, 10, "head_tail") == [2, 100, 101, *range(114, 120), 3]
+    assert fit_length(ids[:5], 10, "head_tail") == ids[:5]
+
+
+def test_greedy_span_decoding_keeps_the_best_non_overlapping():
+    spans = [(0, 2, "PER", 0.9), (1, 3, "ORG", 0.95), (3, 4, "LOC", 0.6), (0, 1, "PER", 0.7)]
+    assert pick_spans(spans, "greedy") == [(0, 1, "PER", 0.7), (1, 3, "ORG", 0.95), (3, 4, "LOC", 0.6)]
+    assert pick_spans(spans, "nested") == sorted(spans)
+
+
+def test_crf_viterbi_is_the_best_path_and_nll_normalises():
+    from components.heads import CRF
+
+    torch.manual_seed(0)
+    crf = CRF(3)
+    with torch.no_grad():
+        for p in crf.parameters():
+            p.normal_()
+    emissions = torch.randn(2, 4, 3)
+    mask = torch.tensor([[True] * 4, [True, True, True, False]])
+
+    def path_score(b, path):
+        s = crf.start[path[0]] + emissions[b, 0, path[0]] + crf.end[path[-1]]
+        for w in range(1, len(path)):
+            s = s + crf.transitions[path[w - 1], path[w]] + emissions[b, w, path[w]]
+        return float(s.detach())
+
+    for b, n in enumerate([4, 3]):
+        paths = list(itertools.product(range(3), repeat=n))
+        best = max(paths, key=lambda p: path_score(b, p))
+        assert crf.viterbi(emissions, mask)[b] == list(best)
+        # exp(-nll) of every path sums to one: the partition function is right.
+        total = 0.0
+        for p in paths:
+            tags = torch.tensor([list(p) + [0] * (4 - n)])
+            total += float(torch.exp(-crf.nll(emissions[b:b + 1], tags, mask[b:b + 1])))
+        assert total == pytest.approx(1.0, rel=1e-4)
+
+
+# ------------------------------------------------------------------ every kind, end to end
+
+@pytest.fixture(scope="module")
+def tiny_encoder(stages_dir, tmp_path_factory):
+    """A tiny encoder exported as the pretrain stage exports it (random weights: these tests
+    check the mechanics; what pretraining buys is measured by the pipeline)."""
+    from components.model import BertConfig, build_model
+    from components.pretrain import export
+    from components.tokenizer import load
+
+    vocab = load(stages_dir / "tokenizer").get_vocab_size()
+    cfg = BertConfig(vocab_size=vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
+    out = tmp_path_factory.mktemp("encoder") / "encoder"
+    export(build_model(cfg), cfg, stages_dir / "tokenizer", out, {"stats": {}})
+    return out
+
+
+def _user_files(folder):
+    """A keyword-sentiment CSV, a JSONL pair file and a CoNLL file, small and learnable."""
+    import random
+
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = ["review,verdict"]
+    for i in range(240):
+        good = i % 2 == 0
+        word = rng.choice(["good", "great", "fine"] if good else ["bad", "awful", "poor"])
+        rows.append(f"the film number {i} was {word},{'pos' if good else 'neg'}")
+    (folder / "reviews.csv").write_text("\n".join(rows) + "\n")
+    with (folder / "pairs.jsonl").open("w") as f:
+        for i in range(160):
+            a = f"the president spoke about taxes {i}"
+            b = a if i % 2 else f"a storm hit the coast {i}"
+            f.write(json.dumps({"text_a": a, "text_b": b, "label": "same" if i % 2 else "other"}) + "\n")
+    lines = []
+    for i in range(160):
+        name = rng.choice(["Smith", "Jones", "Brown"])
+        place = rng.choice(["Paris", "London", "Boston"])
+        lines += [f"{name} B-PER", "visited O", f"{place} B-LOC", "in O", f"{1900 + i} O", ""]
+    (folder / "ner.conll").write_text("\n".join(lines))
+
+
+@pytest.mark.slow
+def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp_path):
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from components.config import EvaluateConfig, FinetuneConfig, TaskConfig
+    from components.evaluate import evaluate_task, transfer_report
+    from components.finetune import encode, finetune_task, predict, pretrained_config
+    from components.io import write_json
+    from components.model import build_model
+    from components.tasks import prepare_task, read_meta, read_split
+    from components.tokenizer import load
+
+    _user_files(tmp_path / "user")
+    tasks = {
+        "reviews": TaskConfig("classification", "user/reviews.csv",
+                              columns={"text": "review", "label": "verdict"}),
+        "same-topic": TaskConfig("pair", "user/pairs.jsonl"),
+        "ner": TaskConfig("token", "user/ner.conll"),
+        "ner-span": TaskConfig("span", "user/ner.conll", max_span_words=3, span_decoding="greedy",
+                               epochs=16),
+    }
+    cfg = FinetuneConfig(tasks=tasks, seeds=[1, 2], lr=3e-3, epochs=8, batch_size=16, patience=16)
+    for name, task in tasks.items():
+        task_dir, model_dir = tmp_path / "tasks" / name, tmp_path / "models" / name
+        prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)
+        task_cfg = replace(cfg, crf=name == "ner")  # the CRF path too
+        stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
+        assert set(stats["runs"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+        metrics_dir = tmp_path / "metrics" / name
+        evaluated = evaluate_task(name, task, EvaluateConfig(), task_dir, model_dir, metrics_dir)
+        # Learnable by construction: every run must have learned it, not only the chance level.
+        for run, metrics in evaluated["runs"].items():
+            assert metrics[evaluated["metric"]] > 0.8, (name, run, metrics)
+        assert (tmp_path / "metrics" / name / "curves.csv").exists()
+        write_json(tmp_path / "metrics" / name / "evaluate_stats.json", evaluated)  # as run_stage does
+
+        # The exported model reloads from safetensors + bertflow.json and predicts the same.
+        info = json.loads((model_dir / "model" / "bertflow.json").read_text())
+        assert info["labels"] == read_meta(task_dir)["labels"]
+        bert = pretrained_config(model_dir / "model")
+        head = "classification" if task.kind == "pair" else task.kind
+        model = build_model(bert, head, num_labels=len(info["id2label"]) - (task.kind == "span"),
+                            crf=info["crf"], max_span_words=task.max_span_words)
+        model.load_state_dict(load_file(model_dir / "model" / "model.safetensors"))
+        test = read_split(task_dir, "test")
+        examples = encode(test, task.kind, load(model_dir / "model"), info["labels"], 128,
+                          max_span_words=task.max_span_words)
+        space = [info["id2label"][str(i)] for i in range(len(info["id2label"]))]
+        again = predict(model, task.kind, examples, space, 16, task.span_decoding, info["threshold"])
+        saved = pa.parquet.read_table(model_dir / "runs" / "pretrained-s1.parquet").to_pylist()
+        if task.kind in ("classification", "pair"):
+            assert [p[0] for p in again] == [r["pred"] for r in saved]
+        elif task.kind == "token":
+            assert again == [r["pred_tags"] for r in saved]
+        else:
+            assert [[s[:3] for s in row] for row in again] == \
+                [[(s["start"], s["end"], s["label"]) for s in r["pred_spans"]] for r in saved]
+
+    transfer_report(list(tasks), tmp_path / "metrics", tmp_path / "transfer.md", tmp_path / "transfer.json")
+    table = (tmp_path / "transfer.md").read_text()
+    assert all(f"| {name} |" in table for name in tasks)
+    summary = json.loads((tmp_path / "transfer.json").read_text())
+    assert summary["reviews"]["pretrained"]["n"] == 2 and summary["reviews"]["tfidf"] > 0.9
+

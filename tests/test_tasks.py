@@ -1,0 +1,385 @@
+"""Stage task_data: the user's own task files, bad input, and the built-in tasks on real data."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from components import tasks
+from components.config import FinetuneConfig, TaskConfig
+from components.errors import ConfigError, DataError, ValidationError
+from components.tasks import prepare_task, read_meta, read_split
+from tests.conftest import PACKAGES
+
+SPLITS = ("train", "valid", "test")
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    """A CSV file with a header from the first row's keys."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """A JSON Lines file."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def reviews(n: int = 100) -> list[dict]:
+    """`n` distinct short reviews, labels cycling good/bad/meh."""
+    return [{"review": f"review number {i} was {['fine', 'poor', 'odd'][i % 3]}",
+             "stars": ["good", "bad", "meh"][i % 3]} for i in range(n)]
+
+
+CONLL_TRAIN = """-DOCSTART- -X- -X- O
+
+EU NNP B-NP B-ORG
+rejects VBZ B-VP O
+German JJ B-NP B-MISC
+call NN I-NP O
+
+Peter NNP B-NP B-PER
+Blackburn NNP I-NP I-PER
+
+BRUSSELS NNP B-NP I-LOC
+1996-08-22 CD I-NP O
+"""
+CONLL_DEV = "Rome NNP B-NP B-LOC\nis VBZ B-VP O\n"
+CONLL_TEST = "John NNP B-NP B-PER\nsaid VBD B-VP O\n\nParis NNP B-NP B-LOC\n"
+
+
+def prepare(tmp_path: Path, task: TaskConfig, name: str = "t") -> tuple[dict, Path]:
+    """Run prepare_task with `tmp_path` as root; return the stats and the output folder."""
+    out = tmp_path / "out" / name
+    return prepare_task(name, task, tmp_path, PACKAGES, out), out
+
+
+# ----------------------------------------------------------------------------- user files
+
+def test_csv_classification_end_to_end(tmp_path):
+    write_csv(tmp_path / "reviews.csv", reviews(100))
+    task = TaskConfig("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
+    stats, out = prepare(tmp_path, task)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "meta.json", "test.parquet", "train.parquet", "valid.parquet"]
+    assert stats["examples"] == {"train": 80, "valid": 10, "test": 10}
+    assert read_meta(out) == {"task": "t", "kind": "classification", "labels": ["bad", "good", "meh"]}
+    train = read_split(out, "train")
+    assert train.schema == pa.schema([("text", pa.string()), ("label", pa.string())])
+    assert sum(stats["label_counts"]["train"].values()) == 80
+    assert json.loads(json.dumps(stats)) == stats  # the stage's metrics file
+    texts = {s: set(read_split(out, s)["text"].to_pylist()) for s in SPLITS}
+    assert not (texts["train"] & texts["test"]) and not (texts["valid"] & texts["test"])
+    assert set().union(*texts.values()) == {r["review"] for r in reviews(100)}
+    # The same seed gives the same split; another seed another one.
+    _, again = prepare(tmp_path, task, "again")
+    assert read_split(again, "test").equals(read_split(out, "test"))
+    task.split_seed += 1
+    _, other = prepare(tmp_path, task, "other")
+    assert set(read_split(other, "test")["text"].to_pylist()) != texts["test"]
+    with pytest.raises(ValueError, match="split must be one of"):
+        read_split(out, "dev")
+
+
+def test_conll_folder_token_task(tmp_path):
+    folder = tmp_path / "ner"
+    folder.mkdir()
+    (folder / "train.txt").write_text(CONLL_TRAIN)
+    (folder / "dev.conll").write_text(CONLL_DEV)  # `dev` is accepted for valid
+    (folder / "test.iob").write_text(CONLL_TEST)
+    stats, out = prepare(tmp_path, TaskConfig("token", "ner"))
+    assert stats["examples"] == {"train": 3, "valid": 1, "test": 2}
+    assert stats["split"] == "given"
+    assert read_meta(out)["labels"] == ["LOC", "MISC", "ORG", "PER"]  # entity types, not tags
+    train = read_split(out, "train")
+    assert train.schema == pa.schema([("tokens", pa.list_(pa.string())),
+                                      ("tags", pa.list_(pa.string()))])
+    assert train.to_pylist()[0] == {"tokens": ["EU", "rejects", "German", "call"],
+                                    "tags": ["B-ORG", "O", "B-MISC", "O"]}
+    # An entity opened with I- (IOB1) is written as BIO2 and counted.
+    assert train.to_pylist()[2]["tags"] == ["B-LOC", "O"]
+    assert stats["changed"] == {"tags_iob1_to_bio2": 1}
+    assert stats["label_counts"]["test"] == {"LOC": 1, "PER": 1}
+
+
+def test_conll_columns_choose_token_and_tag(tmp_path):
+    folder = tmp_path / "pos"
+    folder.mkdir()
+    for split, text in (("train", CONLL_TRAIN), ("valid", CONLL_DEV), ("test", CONLL_TEST)):
+        (folder / f"{split}.txt").write_text(text)
+    # The chunk column (2) as the tags: a real BIO task of its own.
+    stats, out = prepare(tmp_path, TaskConfig("span", "pos", columns={"tags": "2"}))
+    assert read_meta(out)["labels"] == ["NP", "VP"]
+    assert read_split(out, "valid").to_pylist() == [{"tokens": ["Rome", "is"],
+                                                     "tags": ["B-NP", "B-VP"]}]
+
+
+def test_jsonl_pair_task(tmp_path):
+    rows = [{"a": f"first sentence {i}", "b": f"second sentence {i}", "label": i % 2}
+            for i in range(40)]
+    write_jsonl(tmp_path / "pairs.jsonl", rows)
+    task = TaskConfig("pair", "pairs.jsonl", columns={"text_a": "a", "text_b": "b"},
+                      split=[0.5, 0.25, 0.25], split_seed=3)
+    stats, out = prepare(tmp_path, task)
+    assert stats["examples"] == {"train": 20, "valid": 10, "test": 10}
+    assert read_meta(out)["labels"] == ["0", "1"]  # numeric labels become strings
+    test = read_split(out, "test")
+    assert test.column_names == ["text_a", "text_b", "label"]
+    for row in test.to_pylist():
+        i = int(row["text_a"].split()[-1])
+        assert row == {"text_a": f"first sentence {i}", "text_b": f"second sentence {i}",
+                       "label": str(i % 2)}
+
+
+def test_folder_with_train_only_is_split_and_parquet_works(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    rows = [{"text": r["review"], "label": r["stars"]} for r in reviews(50)]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
+    stats, out = prepare(tmp_path, TaskConfig("classification", "mine"))
+    assert stats["examples"] == {"train": 40, "valid": 5, "test": 5}
+    assert "carved from train" in stats["split"]
+
+
+def test_max_train_examples_samples_train_only(tmp_path):
+    write_csv(tmp_path / "r.csv", [{"text": r["review"], "label": r["stars"]} for r in reviews(200)])
+    task = TaskConfig("classification", "r.csv", max_train_examples=30)
+    stats, out = prepare(tmp_path, task)
+    assert stats["examples"] == {"train": 30, "valid": 20, "test": 20}
+    assert stats["train_sampled_from"] == 160
+    full_stats, full = prepare(tmp_path, TaskConfig("classification", "r.csv"), "full")
+    sample = set(read_split(out, "train")["text"].to_pylist())
+    assert sample < set(read_split(full, "train")["text"].to_pylist())
+    assert read_split(out, "test").equals(read_split(full, "test"))  # the sample leaves test alone
+    _, again = prepare(tmp_path, task, "again")
+    assert set(read_split(again, "train")["text"].to_pylist()) == sample
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _bad_label(tmp_path: Path) -> TaskConfig:
+    rows = [{"text": r["review"], "label": r["stars"]} for r in reviews(20)]
+    rows[6]["label"] = "awful"
+    write_csv(tmp_path / "bad.csv", rows)
+    return TaskConfig("classification", "bad.csv", labels=["good", "bad", "meh"])
+
+
+def _missing_column(tmp_path: Path) -> TaskConfig:
+    write_csv(tmp_path / "bad.csv", reviews(20))
+    return TaskConfig("classification", "bad.csv", columns={"label": "stars"})
+
+
+def _conll_missing_tag(tmp_path: Path) -> TaskConfig:
+    (tmp_path / "bad.conll").write_text(CONLL_TRAIN.replace("call NN I-NP O", "call"))
+    return TaskConfig("token", "bad.conll")
+
+
+def _jsonl_lengths(tmp_path: Path) -> TaskConfig:
+    rows = [{"tokens": ["Rome", "is"], "tags": ["B-LOC", "O"]}] * 5
+    rows = rows + [{"tokens": ["Paris", "is", "big"], "tags": ["B-LOC", "O"]}]
+    write_jsonl(tmp_path / "bad.jsonl", rows)
+    return TaskConfig("token", "bad.jsonl")
+
+
+def _malformed_tag(tmp_path: Path) -> TaskConfig:
+    (tmp_path / "bad.txt").write_text(CONLL_TRAIN.replace("B-MISC", "MISC"))
+    return TaskConfig("token", "bad.txt")
+
+
+def _empty_text(tmp_path: Path) -> TaskConfig:
+    rows = [{"text_a": f"a {i}", "text_b": f"b {i}", "label": "x" if i % 2 else "y"}
+            for i in range(20)]
+    rows[3]["text_b"] = "   "
+    write_jsonl(tmp_path / "bad.jsonl", rows)
+    return TaskConfig("pair", "bad.jsonl")
+
+
+def _one_class(tmp_path: Path) -> TaskConfig:
+    write_csv(tmp_path / "bad.csv", [{"text": f"text {i}", "label": "spam"} for i in range(20)])
+    return TaskConfig("classification", "bad.csv")
+
+
+def _empty_split(tmp_path: Path) -> TaskConfig:
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    write_csv(folder / "train.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(10)])
+    write_csv(folder / "valid.csv", [{"text": "v", "label": "a"}])
+    (folder / "test.csv").write_text("text,label\n")
+    return TaskConfig("classification", "bad")
+
+
+def _too_small(tmp_path: Path) -> TaskConfig:
+    write_csv(tmp_path / "tiny.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(4)])
+    return TaskConfig("classification", "tiny.csv")
+
+
+def _binary_csv(tmp_path: Path) -> TaskConfig:
+    (tmp_path / "bad.csv").write_bytes(b"\x00\x01PK\x03\x04" * 100)
+    return TaskConfig("classification", "bad.csv")
+
+
+def _broken_parquet(tmp_path: Path) -> TaskConfig:
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    return TaskConfig("classification", "bad.parquet")
+
+
+def _unknown_builtin(tmp_path: Path) -> TaskConfig:
+    return TaskConfig("classification", "imdb-sentiment")
+
+
+ERROR_CASES = {
+    # case: (make the task, text the message must contain: file, row/line, value)
+    "unknown_label": (_bad_label, ["bad.csv:8 (row 7)", "'awful'", "['bad', 'good', 'meh']"]),
+    "missing_column": (_missing_column, ["bad.csv:1 (header)", "no column 'text'",
+                                         "['review', 'stars']"]),
+    "conll_missing_tag": (_conll_missing_tag, ["bad.conll:6", "different lengths", "'call'"]),
+    "token_tag_lengths": (_jsonl_lengths, ["bad.jsonl:6", "3 tokens but 2 tags"]),
+    "malformed_tag": (_malformed_tag, ["bad.txt:5", "'MISC'", "'German'"]),
+    "empty_text": (_empty_text, ["bad.jsonl:4", "empty text_b"]),
+    "one_class": (_one_class, ["bad.csv", "only one class", "'spam'"]),
+    "empty_split": (_empty_split, ["bad/test.csv", "test split is empty"]),
+    "too_small_to_split": (_too_small, ["tiny.csv", "valid split is empty", "4 examples"]),
+    "unreadable_csv": (_binary_csv, ["bad.csv", "not a readable text file"]),
+    "unreadable_parquet": (_broken_parquet, ["bad.parquet", "not a readable Parquet file"]),
+    "unknown_builtin": (_unknown_builtin, ["'imdb-sentiment'", "movie-sentiment", "news-order"]),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_bad_input_names_file_and_row_and_writes_nothing(tmp_path, case):
+    make, expected = ERROR_CASES[case]
+    task = make(tmp_path)
+    out = tmp_path / "out" / "t"
+    with pytest.raises(DataError) as info:
+        prepare_task("t", task, tmp_path, PACKAGES, out)
+    for text in expected:
+        assert text in str(info.value), f"{text!r} not in {info.value}"
+    assert not out.exists()
+    assert not list(tmp_path.glob("out/.t.*"))  # no temp folder left behind either
+
+
+def test_unseen_label_in_test_is_named(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    write_csv(folder / "train.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(10)])
+    write_csv(folder / "valid.csv", [{"text": "v", "label": "a"}])
+    write_csv(folder / "test.csv", [{"text": "w", "label": "a"}, {"text": "x", "label": "c"}])
+    with pytest.raises(DataError, match=r"test.csv:3 \(row 2\): label 'c' in test never occurs"):
+        prepare(tmp_path, TaskConfig("classification", "f"))
+
+
+def test_data_contract_runs_on_written_splits(tmp_path):
+    """The GX suite is the last line: a table that slipped past the row checks still fails."""
+    bad = pa.table({"text": ["fine", " "], "label": ["a", "z"]})
+    with pytest.raises(ValidationError, match="label") as info:
+        tasks._validate_split(bad, "classification", ["a", "b"], tmp_path / "train.parquet")
+    assert "text_chars" in str(info.value)
+    tags = pa.table({"tokens": [["a", "b"]], "tags": [["I-PER", "O"]]},
+                    schema=tasks.SCHEMAS["token"])
+    with pytest.raises(ValidationError, match="bad_starts"):
+        tasks._validate_split(tags, "token", ["PER"], tmp_path / "train.parquet")
+
+
+def test_config_mistakes(tmp_path):
+    write_csv(tmp_path / "r.csv", reviews(10))
+    with pytest.raises(ConfigError, match="split"):
+        prepare(tmp_path, TaskConfig("classification", "r.csv", split=[0.5, 0.1]))
+    with pytest.raises(ConfigError, match="unknown role"):
+        prepare(tmp_path, TaskConfig("classification", "r.csv", columns={"sentence": "review"}))
+    with pytest.raises(ConfigError, match="entity types"):
+        prepare(tmp_path, TaskConfig("token", "r.csv", labels=["B-PER", "O"]))
+    with pytest.raises(ConfigError, match="is a pair task"):
+        prepare(tmp_path, TaskConfig("classification", "news-order"))
+
+
+# ----------------------------------------------------------------------------- built-ins
+
+@pytest.fixture(scope="module")
+def builtins(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
+    """Every default task prepared once from the real packages: name -> (stats, folder)."""
+    out = tmp_path_factory.mktemp("tasks")
+    return {name: (prepare_task(name, task, out, PACKAGES, out / name), out / name)
+            for name, task in FinetuneConfig().tasks.items()}
+
+
+def texts_of(folder: Path, *columns: str) -> dict[str, set[str]]:
+    """The texts of each split (all the given columns together)."""
+    return {s: {t for c in columns for t in read_split(folder, s)[c].to_pylist()} for s in SPLITS}
+
+
+def disjoint(sets: dict[str, set]) -> bool:
+    """No element is in two of the sets."""
+    return sum(map(len, sets.values())) == len(set().union(*sets.values()))
+
+
+def test_movie_sentiment(builtins):
+    stats, out = builtins["movie-sentiment"]
+    assert stats["dropped"] == {"neutral_score": 37, "duplicate_text": 2}
+    assert sum(stats["examples"].values()) == 10_605 - 37 - 2
+    assert stats["examples"] == {"train": 8452, "valid": 1057, "test": 1057}
+    assert read_meta(out)["labels"] == ["negative", "positive"]
+    assert disjoint(texts_of(out, "text"))
+
+
+def test_trec6(builtins):
+    stats, out = builtins["trec-6"]
+    # 5,382 distinct lines; one question is listed under two labels: 5,381 questions.
+    assert stats["dropped"] == {"duplicate_line": 15_452 - 5_382, "conflicting_label": 1}
+    assert stats["examples"] == {"train": 4305, "valid": 538, "test": 538}
+    assert read_meta(out)["labels"] == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    assert disjoint(texts_of(out, "text"))
+
+
+def test_bbc_news(builtins):
+    stats, out = builtins["bbc-news"]
+    assert stats["dropped"] == {"duplicate_text": 100}
+    assert sum(stats["examples"].values()) == 2_225 - 100
+    assert len(read_meta(out)["labels"]) == 5
+    assert disjoint(texts_of(out, "text"))  # no test article in train
+
+
+@pytest.mark.parametrize("name", ["conll2003-ner", "conll2003-ner-span"])
+def test_conll2003(builtins, name):
+    stats, out = builtins[name]
+    assert stats["examples"] == {"train": 14_041, "valid": 3_250, "test": 3_453}
+    assert read_meta(out) == {"task": name, "kind": "span" if name.endswith("span") else "token",
+                              "labels": ["LOC", "MISC", "ORG", "PER"]}
+    assert stats["label_counts"]["train"] == {"LOC": 7140, "MISC": 3438, "ORG": 6321, "PER": 6600}
+
+
+def test_trec_same_type(builtins):
+    stats, out = builtins["trec-same-type"]
+    assert stats["examples"] == builtins["trec-6"][0]["examples"]  # one pair per question
+    assert disjoint(texts_of(out, "text_a", "text_b"))  # no question in two splits
+    for split, counts in stats["label_counts"].items():
+        assert abs(counts["same"] - counts["different"]) <= 1, split
+    # A `same` pair really shares the fine type (both questions' labels from the source file).
+    fine = {q["text"]: q["fine"] for q in tasks._trec_questions(
+        tasks._Ctx("x", TaskConfig("pair", "trec-same-type"), Path("."), PACKAGES))}
+    for row in read_split(out, "valid").to_pylist():
+        assert (fine[row["text_a"]] == fine[row["text_b"]]) == (row["label"] == "same")
+
+
+def test_news_order(builtins):
+    stats, out = builtins["news-order"]
+    assert set(stats["label_counts"]["train"]) == {"ordered", "swapped"}
+    for counts in stats["label_counts"].values():
+        assert abs(counts["ordered"] - counts["swapped"]) <= 1
+    # The articles behind each split's pairs (the loader names them) never meet.
+    ctx = tasks._Ctx("news-order", TaskConfig("pair", "news-order"), Path("."), PACKAGES)
+    loaded = tasks._news_order(ctx)
+    articles = {s: {ex["_where"].split(", sentences")[0] for ex in loaded[s]} for s in SPLITS}
+    assert disjoint(articles)
+    assert {s: len(loaded[s]) for s in SPLITS} == stats["examples"]
+    per_article = max(sum(ex["_where"].startswith(a + ",") for ex in loaded["test"])
+                      for a in articles["test"])
+    assert per_article <= tasks.PAIRS_PER_ARTICLE
