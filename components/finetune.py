@@ -462,6 +462,21 @@ def train_run(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir:
     return module.model.cpu().eval(), module.history, trainer.global_step
 
 
+@dataclass
+class TaskRuns:
+    """Everything the runs of one task share: shipped once to each worker process."""
+
+    name: str
+    task: TaskConfig
+    cfg: FinetuneConfig
+    bert: BertConfig
+    labels: list[str]
+    encoder_dir: Path
+    out: Path  # the stage's temporary output folder
+    encoded: dict[str, list[Encoded]]
+    valid_gold: pa.Table
+
+
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
                   encoder_dir: Path, out_dir: Path) -> dict:
     """Every run of one task (pretrained and, with `baseline`, from scratch, for each seed):
@@ -474,45 +489,100 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     meta = read_meta(task_dir)
     if meta["kind"] != task.kind:
         raise DataError(f"{task_dir}: holds {meta['kind']} data, but task {name} is {task.kind}")
-    space = label_space(task.kind, meta["labels"])
     bert = pretrained_config(encoder_dir)
     tokenizer = load(encoder_dir)
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
                          cfg.label_subwords, task.max_span_words) for s, t in splits.items()}
-    inits = ["pretrained", "scratch"] if cfg.baseline else ["pretrained"]
+    runs = [(init, seed) for init in (["pretrained", "scratch"] if cfg.baseline else ["pretrained"])
+            for seed in cfg.seeds]
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
                    "train_examples": len(encoded["train"]), "runs": {}}
     with atomic_dir(out_dir) as tmp:
         (tmp / "runs").mkdir()
-        for init in inits:
-            for seed in cfg.seeds:
-                run = f"{init}-s{seed}"
-                spec = RunSpec(task.kind, space, init, seed, task.epochs or cfg.epochs,
-                               task.max_span_words, task.span_decoding)
-                start = time.perf_counter()
-                model, history, steps = train_run(spec, bert, cfg, encoder_dir, encoded["train"],
-                                                  encoded["valid"], splits["valid"], tmp / "work" / run)
-                threshold = None
-                if task.kind == "span" and cfg.span_threshold:
-                    threshold = calibrate_threshold(model, spec, encoded["valid"], splits["valid"],
-                                                    cfg.batch_size * 2)
-                test = predict(model, task.kind, encoded["test"], space, cfg.batch_size * 2,
-                               task.span_decoding, threshold)
-                write_predictions(tmp / "runs" / f"{run}.parquet", task.kind, test)
-                best = max((h["val_metric"] for h in history), default=float("nan"))
-                summary = {"init": init, "seed": seed, "steps": steps, "best_val_metric": best,
-                           "threshold": threshold, "minutes": (time.perf_counter() - start) / 60,
-                           "history": history}
-                write_json(tmp / "runs" / f"{run}.json", summary)
-                stats["runs"][run] = {k: summary[k] for k in ("steps", "best_val_metric", "minutes")}
-                log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", name, run,
-                         best, steps, summary["minutes"])
-                if init == "pretrained" and seed == cfg.seeds[0]:
-                    export(model, bert, task, space, meta["labels"], threshold, encoder_dir, tmp / "model")
+        shared = TaskRuns(name, task, cfg, bert, meta["labels"], Path(encoder_dir), tmp, encoded,
+                          splits["valid"])
+        workers = run_workers(cfg.workers, len(runs))
+        if workers == 1:
+            summaries = [train_and_predict(shared, init, seed) for init, seed in runs]
+        else:
+            summaries = _in_processes(shared, runs, workers)
+        for summary in summaries:
+            run = f"{summary['init']}-s{summary['seed']}"
+            stats["runs"][run] = {k: summary[k] for k in ("steps", "best_val_metric", "minutes")}
+        stats["workers"] = workers
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
+
+
+def run_workers(workers: int, runs: int) -> int:
+    """Runs trained at once: `finetune.workers`, or with 0 one per CPU core on CPU (a small
+    model's step is too short to keep two cores busy, so two runs of one thread each do ~1.4x
+    the work of one run of two threads) and one on a GPU."""
+    import os
+
+    if workers == 0:
+        workers = 1 if torch.cuda.is_available() else (os.cpu_count() or 1)
+    return max(1, min(workers, runs))
+
+
+def _in_processes(shared: TaskRuns, runs: list[tuple[str, int]], workers: int) -> list[dict]:
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    # Spawned, not forked: the parent's torch and tokenizers thread pools don't survive fork.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=(shared, threads)) as pool:
+        return list(pool.map(_worker_run, runs))
+
+
+_SHARED: TaskRuns | None = None  # a worker process's copy of the task's data
+
+
+def _worker_init(shared: TaskRuns, threads: int) -> None:
+    global _SHARED
+    from pipeline import env
+
+    env.configure()  # the same quiet logging as the parent
+    torch.set_num_threads(threads)
+    _SHARED = shared
+
+
+def _worker_run(run: tuple[str, int]) -> dict:
+    assert _SHARED is not None
+    return train_and_predict(_SHARED, *run)
+
+
+def train_and_predict(shared: TaskRuns, init: str, seed: int) -> dict:
+    """One run: train, predict the test split, write `runs/<init>-s<seed>.{parquet,json}`; the
+    first seed's pretrained run is also exported as the task's model."""
+    task, cfg, encoded = shared.task, shared.cfg, shared.encoded
+    space = label_space(task.kind, shared.labels)
+    run = f"{init}-s{seed}"
+    spec = RunSpec(task.kind, space, init, seed, task.epochs or cfg.epochs, task.max_span_words,
+                   task.span_decoding)
+    start = time.perf_counter()
+    model, history, steps = train_run(spec, shared.bert, cfg, shared.encoder_dir, encoded["train"],
+                                      encoded["valid"], shared.valid_gold, shared.out / "work" / run)
+    threshold = None
+    if task.kind == "span" and cfg.span_threshold:
+        threshold = calibrate_threshold(model, spec, encoded["valid"], shared.valid_gold, cfg.batch_size * 2)
+    test = predict(model, task.kind, encoded["test"], space, cfg.batch_size * 2, task.span_decoding,
+                   threshold)
+    write_predictions(shared.out / "runs" / f"{run}.parquet", task.kind, test)
+    best = max((h["val_metric"] for h in history), default=float("nan"))
+    summary = {"init": init, "seed": seed, "steps": steps, "best_val_metric": best,
+               "threshold": threshold, "minutes": (time.perf_counter() - start) / 60, "history": history}
+    write_json(shared.out / "runs" / f"{run}.json", summary)
+    log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, run, best,
+             steps, summary["minutes"])
+    if init == "pretrained" and seed == cfg.seeds[0]:
+        export(model, shared.bert, task, space, shared.labels, threshold, shared.encoder_dir,
+               shared.out / "model")
+    return summary
 
 
 def calibrate_threshold(model, spec: RunSpec, valid: list[Encoded], gold: pa.Table, batch_size: int) -> float:

@@ -27,4 +27,8 @@ def configure() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # Lightning prints through its own handler; without this every line appears twice.
     logging.getLogger("lightning.pytorch").propagate = False
+    # Per-fit banners (GPU/TPU available, tips): fine-tuning fits dozens of runs per pipeline.
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a deprecation inside Lightning
+    # Fine-tuning batches come from one in-process iterator (no workers), so its length is exact.
+    warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")

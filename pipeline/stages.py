@@ -124,7 +124,8 @@ def _transfer(p: Params, root: Path, run: Run | None, task: str) -> dict:
 
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
     "seeds", "baseline", "max_seq_len", "batch_size", "lr", "weight_decay", "epochs",
-    "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold"))
+    "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold",
+    "workers"))
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",)),
