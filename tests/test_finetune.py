@@ -186,9 +186,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
 
     from components.config import EvaluateConfig, FinetuneConfig, TaskConfig
     from components.evaluate import evaluate_task, transfer_report
-    from components.finetune import encode, finetune_task, predict, pretrained_config
+    from components.finetune import encode, finetune_task, predict, pretrained_config, task_model
     from components.io import write_json
-    from components.model import build_model
     from components.tasks import prepare_task, read_meta, read_split
     from components.tokenizer import load
 
@@ -219,15 +218,13 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         # The exported model reloads from safetensors + bertflow.json and predicts the same.
         info = json.loads((model_dir / "model" / "bertflow.json").read_text())
         assert info["labels"] == read_meta(task_dir)["labels"]
-        bert = pretrained_config(model_dir / "model")
-        head = "classification" if task.kind == "pair" else task.kind
-        model = build_model(bert, head, num_labels=len(info["id2label"]) - (task.kind == "span"),
-                            crf=info["crf"], max_span_words=task.max_span_words)
+        space = [info["id2label"][str(i)] for i in range(len(info["id2label"]))]
+        model = task_model(pretrained_config(model_dir / "model"), task.kind, space, info["crf"],
+                           task.max_span_words)
         model.load_state_dict(load_file(model_dir / "model" / "model.safetensors"))
         test = read_split(task_dir, "test")
         examples = encode(test, task.kind, load(model_dir / "model"), info["labels"], 128,
                           max_span_words=task.max_span_words)
-        space = [info["id2label"][str(i)] for i in range(len(info["id2label"]))]
         again = predict(model, task.kind, examples, space, 16, task.span_decoding, info["threshold"])
         saved = pa.parquet.read_table(model_dir / "runs" / "pretrained-s1.parquet").to_pylist()
         if task.kind in ("classification", "pair"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -305,10 +306,11 @@ def test_config_mistakes(tmp_path):
 
 @pytest.fixture(scope="module")
 def builtins(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
-    """Every default task prepared once from the real packages: name -> (stats, folder)."""
+    """Every default task prepared once from the real packages, whole (the defaults sample some
+    training splits): name -> (stats, folder)."""
     out = tmp_path_factory.mktemp("tasks")
-    return {name: (prepare_task(name, task, out, PACKAGES, out / name), out / name)
-            for name, task in FinetuneConfig().tasks.items()}
+    return {name: (prepare_task(name, replace(task, max_train_examples=0), out, PACKAGES, out / name),
+                   out / name) for name, task in FinetuneConfig().tasks.items()}
 
 
 def texts_of(folder: Path, *columns: str) -> dict[str, set[str]]:
