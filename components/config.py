@@ -326,8 +326,7 @@ class FinetuneConfig:
         "trec-6": TaskConfig("classification", "trec-6"),
         "bbc-news": TaskConfig("classification", "bbc-news", long_text="head_tail"),
         "conll2003-ner": TaskConfig("token", "conll2003-ner", max_train_examples=3000),
-        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", max_train_examples=3000,
-                                         span_decoding="greedy"),
+        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", epochs=1, span_decoding="greedy"),
         "trec-same-type": TaskConfig("pair", "trec-same-type"),
         "news-order": TaskConfig("pair", "news-order", max_train_examples=3000),
     })

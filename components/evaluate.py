@@ -14,10 +14,16 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from components.io import atomic_file
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from components.config import EvaluateConfig, TaskConfig
 
 Span = tuple[int, int, str]  # (start word, end word exclusive, type)
 
@@ -338,7 +344,7 @@ def primary_metric(kind: str) -> str:
     return "accuracy" if kind in ("classification", "pair") else "entity_f1"
 
 
-def score_run(kind: str, labels: list[str], test, predictions) -> dict:
+def score_run(kind: str, labels: list[str], test: pa.Table, predictions: pa.Table) -> dict:
     """Metrics of one run's test predictions (pyarrow tables from tasks and finetune)."""
     if kind in ("classification", "pair"):
         return classification_metrics(test["label"].to_pylist(), predictions["pred"].to_pylist(), labels)
@@ -353,14 +359,15 @@ def score_run(kind: str, labels: list[str], test, predictions) -> dict:
     return out
 
 
-def _texts(table, kind: str) -> list[str]:
+def _texts(table: pa.Table, kind: str) -> list[str]:
     if kind == "pair":
         return [f"{a} [SEP] {b}" for a, b in zip(table["text_a"].to_pylist(), table["text_b"].to_pylist(),
                                                    strict=True)]
     return table["text"].to_pylist()
 
 
-def evaluate_task(name: str, task, cfg, task_dir: Path, model_dir: Path, out_dir: Path) -> dict:
+def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Path, model_dir: Path,
+                  out_dir: Path) -> dict:
     """Score every fine-tuning run of a task on its test split; the per-init summary over seeds,
     the TF-IDF reference, and plots (curves of all runs; confusion and per-class F1 of the
     first pretrained run) into out_dir."""
@@ -394,7 +401,8 @@ def evaluate_task(name: str, task, cfg, task_dir: Path, model_dir: Path, out_dir
                                    _texts(test, task.kind), seed=0)
         tfidf = classification_metrics(test["label"].to_pylist(), predicted, meta["labels"])
         stats["tfidf"] = {k: tfidf[k] for k in ("accuracy", "macro_f1", "mcc")}
-    first = next((r for r in names if r.startswith("pretrained")), names[0])
+    exported = Path(model_dir) / "model" / "bertflow.json"  # plots describe the exported run
+    first = json.loads(exported.read_text()).get("run", names[0]) if exported.exists() else names[0]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_curves(histories, out_dir / "curves.png", out_dir / "curves.csv")

@@ -113,7 +113,8 @@ def encode(table: pa.Table, kind: str, tokenizer, labels: list[str], max_len: in
         return [Encoded(e.ids, e.type_ids, space[lab])
                 for e, lab in zip(encs, table["label"].to_pylist(), strict=True)]
     words, tags = table["tokens"].to_pylist(), table["tags"].to_pylist()
-    encs = tok.encode_batch(words, is_pretokenized=True)
+    encs = [_every_word_a_piece(tok, e, ws) for e, ws in
+            zip(tok.encode_batch(words, is_pretokenized=True), words, strict=True)]
     out = []
     for e, ws, ts in zip(encs, words, tags, strict=True):
         first, last = align_words(e.word_ids, len(ws))
@@ -129,6 +130,20 @@ def encode(table: pa.Table, kind: str, tokenizer, labels: list[str], max_len: in
             ex.span_labels = [gold.get(s, 0) for s in ex.spans]
         out.append(ex)
     return out
+
+
+def _every_word_a_piece(tok, enc, words: list[str]):
+    """The encoding with every word before the truncation point owning at least one subword:
+    a word the normaliser erases (a zero-width space, a soft hyphen) becomes [UNK], so word i's
+    subwords never stand in for word i + 1's."""
+    seen = {w for w in enc.word_ids if w is not None}
+    last = max(seen, default=-1)
+    if len(seen) == last + 1:
+        return enc
+    from components.tokenizer import UNK
+
+    return tok.encode([w if i in seen or i > last else UNK for i, w in enumerate(words)],
+                      is_pretokenized=True)
 
 
 def token_labels(word_ids: list[int | None], word_tags: list[int], label_subwords: str) -> list[int]:
@@ -270,9 +285,11 @@ def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_s
     Span candidates are the spans whose argmax is not NULL or, with a threshold, whose best
     label's probability reaches it."""
     model.eval()
+    device = next(model.parameters()).device  # validation runs outside Lightning's batch transfer
     out: list = [None] * len(examples)
     for batch in Batches(examples, kind, batch_size, seed=None):
         index = batch["index"].tolist()
+        batch = {k: v.to(device) for k, v in batch.items()}
         inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
         if kind in ("classification", "pair"):
             probs = torch.softmax(model(**inputs), dim=-1)  # (B, C)
@@ -403,7 +420,8 @@ def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: P
             self.model = task_model(bert, spec.kind, spec.space, cfg.crf, spec.max_span_words)
             if spec.init == "pretrained":
                 load_encoder_weights(self.model, encoder_dir, bert)
-            freeze_all_but_last(self.model, cfg.train_last_k)
+                # Only pretrained layers are worth keeping: the baseline always trains them all.
+                freeze_all_but_last(self.model, cfg.train_last_k)
             self.history: list[dict] = []
             self._losses: list[float] = []
 
@@ -482,6 +500,7 @@ class TaskRuns:
     out: Path  # the stage's temporary output folder
     encoded: dict[str, list[Encoded]]
     valid_gold: pa.Table
+    max_len: int  # tokens per example, as resolved for this task
 
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
@@ -509,7 +528,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     with atomic_dir(out_dir) as tmp:
         (tmp / "runs").mkdir()
         shared = TaskRuns(name, task, cfg, bert, meta["labels"], Path(encoder_dir), tmp, encoded,
-                          splits["valid"])
+                          splits["valid"], max_len)
         workers = run_workers(cfg.workers, len(runs))
         if workers == 1:
             summaries = [train_and_predict(shared, init, seed) for init, seed in runs]
@@ -525,8 +544,8 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
 
 def run_workers(workers: int, runs: int) -> int:
     """Runs trained at once: `finetune.workers`, or with 0 one per CPU core on CPU (a small
-    model's step is too short to keep two cores busy, so two runs of one thread each do ~1.4x
-    the work of one run of two threads) and one on a GPU."""
+    model's step is too short to keep two cores busy: on 2 cores two runs of one thread each
+    did ~1.25x the work of one run of two threads) and one on a GPU."""
     import os
 
     if workers == 0:
@@ -587,8 +606,7 @@ def train_and_predict(shared: TaskRuns, init: str, seed: int) -> dict:
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, run, best,
              steps, summary["minutes"])
     if init == "pretrained" and seed == cfg.seeds[0]:
-        export(model, shared.bert, task, space, shared.labels, threshold, shared.encoder_dir,
-               shared.out / "model")
+        export(model, shared, run, space, threshold)
     return summary
 
 
@@ -614,16 +632,19 @@ def write_predictions(path: Path, kind: str, predictions: list) -> None:
     pq.write_table(table, path)
 
 
-def export(model, bert: BertConfig, task: TaskConfig, space: list[str], labels: list[str],
-           threshold: float | None, encoder_dir: Path, out: Path) -> None:
-    """The task's model: safetensors weights, our config and label map, the tokenizer files."""
+def export(model, shared: TaskRuns, run: str, space: list[str], threshold: float | None) -> None:
+    """The task's model: safetensors weights, the tokenizer files, and bertflow.json with what
+    encoding and decoding need (config, label map, max length, subword labelling, threshold)."""
     from safetensors.torch import save_file
 
+    out = shared.out / "model"
     out.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
     for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        if (Path(encoder_dir) / f).exists():
-            shutil.copy(Path(encoder_dir) / f, out / f)
+        if (shared.encoder_dir / f).exists():
+            shutil.copy(shared.encoder_dir / f, out / f)
     write_json(out / "bertflow.json", {
-        "config": asdict(bert), "task": asdict(task), "labels": labels, "id2label": dict(enumerate(space)),
-        "crf": getattr(model, "crf", None) is not None, "threshold": threshold})
+        "config": asdict(shared.bert), "task": asdict(shared.task), "run": run,
+        "labels": shared.labels, "id2label": dict(enumerate(space)), "max_seq_len": shared.max_len,
+        "label_subwords": shared.cfg.label_subwords, "crf": getattr(model, "crf", None) is not None,
+        "threshold": threshold})

@@ -11,7 +11,9 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.futures import wait
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.config import flatten, load_params
 from components.errors import BertflowError
@@ -110,7 +112,23 @@ def summary_markdown(results: dict[str, dict], failed: str | None = None) -> str
     return "\n".join(lines)
 
 
-@flow(name="bertflow")
+def stage_groups(names: list[str]) -> list[list[str]]:
+    """Consecutive stages of one per-task kind together (`finetune@a`, `finetune@b`): the flow
+    maps a group over its tasks."""
+    groups: list[list[str]] = []
+    for name in names:
+        base = name.partition("@")[0]
+        if groups and "@" in name and groups[-1][0].partition("@")[0] == base:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+# One stage at a time: they share the cores (fine-tuning already runs a process per core) and
+# one dvc.lock. The per-task stages are still mapped, a task run per task, so the Prefect UI
+# shows each task on its own and a failing task does not stop the others of its group.
+@flow(name="bertflow", task_runner=ThreadPoolTaskRunner(max_workers=1))
 def pipeline_flow(params_path: str = "params.yaml", until: str | None = None) -> dict[str, dict]:
     """The pipeline: every stage up to `until`, skipping what DVC finds up to date."""
     from prefect.artifacts import create_markdown_artifact
@@ -131,10 +149,18 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None) ->
         with tracking.run(p.tracking, root, "pipeline",
                           tags={"bertflow.flow": "pipeline", **tracking.git_state(root)}) as parent:
             parent.log_params({"until": until or "all", "params_file": str(path)})
-            # One task run per stage, and per task for the per-task stages: Prefect's UI then
-            # shows each task's data, fine-tuning and evaluation on its own.
-            for current in plan(p, until):
-                results[current] = stage_task(current, str(path), parent.run_id, tracked)
+            for group in stage_groups(plan(p, until)):
+                if len(group) == 1:
+                    current = group[0]
+                    results[current] = stage_task(current, str(path), parent.run_id, tracked)
+                    continue
+                futures = stage_task.map(group, unmapped(str(path)), unmapped(parent.run_id),
+                                         unmapped(tracked))
+                wait(futures)  # every task of the group ends before a failure is raised
+                outcome = dict(zip(group, futures, strict=True))
+                results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})
+                for current, future in outcome.items():  # noqa: B007 - `current` names a failure
+                    future.result()  # raises the group's first failure, in task order
             current = None
             parent.log_metrics({f"{n}.seconds": r["seconds"] for n, r in results.items()})
             parent.set_tags({f"stage.{n}": r["status"] for n, r in results.items()})

@@ -150,9 +150,10 @@ def split_name(name: str) -> tuple[Stage, str]:
     if base not in STAGES:
         raise BertflowError(f"unknown stage {base!r} (stages: {', '.join(STAGES)})")
     stage = STAGES[base]
-    if stage.per_task != bool(task):
-        raise BertflowError(f"stage {base} {'needs' if stage.per_task else 'takes no'} a task: "
-                            f"{'`' + base + '@TASK`' if stage.per_task else '`' + base + '`'}")
+    if stage.per_task and not task:
+        raise BertflowError(f"stage {base} runs per task: name it {base}@TASK")
+    if task and not stage.per_task:
+        raise BertflowError(f"stage {base} is not per task: name it {base}")
     return stage, task
 
 
@@ -163,7 +164,7 @@ def stage_params(stage: Stage, task: str) -> list[str]:
 
 def plan(p: Params, until: str | None = None) -> list[str]:
     """Stage names in run order (a per-task stage once per task), up to and including every
-    stage named `until` (a stage, or one task's stage: `finetune@trec-6`)."""
+    stage named `until`; for one task's stage (`finetune@trec-6`), only what that task needs."""
     names = []
     for stage in STAGES.values():
         names += [f"{stage.name}@{t}" for t in p.finetune.tasks] if stage.per_task else [stage.name]
@@ -174,6 +175,8 @@ def plan(p: Params, until: str | None = None) -> list[str]:
         raise BertflowError(f"unknown stage {until!r} (stages: {', '.join(STAGES)})")
     if task and task not in p.finetune.tasks:
         raise BertflowError(f"unknown task {task!r} (tasks: {', '.join(p.finetune.tasks)})")
+    if task:
+        names = [n for n in names if n.partition("@")[2] in ("", task)]
     last = max(i for i, n in enumerate(names) if n == until or n.partition("@")[0] == until)
     return names[: last + 1]
 

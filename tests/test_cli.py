@@ -77,3 +77,21 @@ def test_bad_params_name_the_key_and_unknown_stage_is_refused(tmp_path):
     assert proc.stderr.strip().endswith("pairs.max_seq_len: expected an integer, got str 'long'")
     proc = run_cli("bertflow", "stage", "pretrain-all", "-p", str(params), cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "unknown stage 'pretrain-all'" in proc.stderr
+
+
+def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
+    from components.config import Params
+    from pipeline.flow import stage_groups
+    from pipeline.stages import plan
+
+    p = Params()
+    tasks = list(p.finetune.tasks)
+    names = plan(p)
+    assert names[:5] == ["ingest", "clean", "tokenizer", "pairs", "pretrain"]
+    assert names[5:5 + len(tasks)] == [f"task_data@{t}" for t in tasks]
+    assert names[-1] == "transfer" and len(names) == 6 + 3 * len(tasks)
+    # The flow maps each per-task stage over the tasks: one group per stage kind.
+    assert [len(g) for g in stage_groups(names)] == [1] * 5 + [len(tasks)] * 3 + [1]
+    assert plan(p, "finetune")[-1] == f"finetune@{tasks[-1]}"
+    # One task's stage: only what that task needs, not the other tasks' stages.
+    assert plan(p, "evaluate@trec-6")[5:] == ["task_data@trec-6", "finetune@trec-6", "evaluate@trec-6"]

@@ -33,6 +33,7 @@ def wordpiece():
              "smith", "is"]
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.add_special_tokens(vocab[:5])  # as the learned tokenizer registers them
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
@@ -73,6 +74,25 @@ def test_words_cut_by_truncation_are_tagged_o(wordpiece):
     emissions[0, :, 1] = 1.0  # B-PER everywhere
     assert word_tags(emissions, batch["word_first"], [4], label_space("token", ["PER"])) == \
         [["B-PER", "B-PER", "B-PER", "O"]]
+
+
+def test_a_word_the_normaliser_erases_keeps_its_place(wordpiece):
+    from tokenizers import normalizers
+
+    # BERT's normaliser deletes format characters: a zero-width space would own no subword, and
+    # every later word would take its neighbour's tag. It is encoded as [UNK] instead.
+    wordpiece.normalizer = normalizers.BertNormalizer(clean_text=True, lowercase=True)
+    try:
+        words, tags = ["john", "\u200b", "smith"], ["B-PER", "O", "B-PER"]
+        (ex,) = encode(pa.table({"tokens": [words], "tags": [tags]}), "token", wordpiece, ["PER"], 16)
+    finally:
+        wordpiece.normalizer = None
+    assert ex.word_first == [1, 2, 3] and ex.ids[2] == 1  # [UNK]
+    emissions = torch.zeros(1, 5, 3)
+    for pos, tag in [(1, 1), (2, 0), (3, 1)]:
+        emissions[0, pos, tag] = 5.0
+    assert word_tags(emissions, collate([ex], "token")["word_first"], [3],
+                     label_space("token", ["PER"])) == [tags]
 
 
 @pytest.mark.parametrize("n,L", [(n, L) for n in range(0, 13) for L in range(1, 6)])
