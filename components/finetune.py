@@ -100,7 +100,7 @@ def encode(table: pa.Table, kind: str, tokenizer, labels: list[str], max_len: in
            max_span_words: int = 8) -> list[Encoded]:
     """Encode a split of task data (components.tasks columns) for the task's head."""
     space = {name: i for i, name in enumerate(label_space(kind, labels))}
-    tok = tokenizer
+    tok = tokenizer  # configured (truncation) per kind below
     if kind == "classification":
         tok.no_truncation()  # cut by fit_length, which can keep the tail too
         encs = tok.encode_batch(table["text"].to_pylist())
@@ -337,19 +337,12 @@ def loss_of(model, kind: str, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch["span_labels"].flatten(), ignore_index=IGNORE)
 
 
-def score(kind: str, predictions: list, gold: pa.Table) -> float:
-    """The task's primary metric: accuracy, or entity-level F1 for token and span tasks."""
-    from components.evaluate import bio_to_spans, entity_metrics
+def score(kind: str, space: list[str], predictions: list, gold: pa.Table) -> float:
+    """The task's primary metric, computed as evaluate@task computes it on the test split (for
+    text tasks `space` is the label set)."""
+    from components.evaluate import primary_metric, score_run
 
-    if kind in ("classification", "pair"):
-        labels = gold["label"].to_pylist()
-        return float(np.mean([p[0] == g for p, g in zip(predictions, labels, strict=True)]))
-    truth = [bio_to_spans(t) for t in gold["tags"].to_pylist()]
-    if kind == "token":
-        found = [bio_to_spans(t) for t in predictions]
-    else:
-        found = [[(a, b, label) for a, b, label, _ in spans] for spans in predictions]
-    return entity_metrics(truth, found)["f1"]
+    return score_run(kind, space, gold, predictions_table(kind, predictions))[primary_metric(kind)]
 
 
 def task_model(bert: BertConfig, kind: str, space: list[str], crf: bool = False,
@@ -435,8 +428,8 @@ def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: P
             pass  # scored as a whole in on_validation_epoch_end (entity F1 is not a batch mean)
 
         def on_validation_epoch_end(self) -> None:
-            metric = score(spec.kind, predict(self.model, spec.kind, valid, spec.space, cfg.batch_size * 2,
-                                              spec.span_decoding), valid_gold)
+            metric = score(spec.kind, spec.space, predict(self.model, spec.kind, valid, spec.space,
+                                                          cfg.batch_size * 2, spec.span_decoding), valid_gold)
             self.model.train()
             self.log("val/metric", metric)
             loss = float(np.mean(self._losses)) if self._losses else float("nan")
@@ -598,7 +591,7 @@ def train_and_predict(shared: TaskRuns, init: str, seed: int) -> dict:
         threshold = calibrate_threshold(model, spec, encoded["valid"], shared.valid_gold, cfg.batch_size * 2)
     test = predict(model, task.kind, encoded["test"], space, cfg.batch_size * 2, task.span_decoding,
                    threshold)
-    write_predictions(shared.out / "runs" / f"{run}.parquet", task.kind, test)
+    pq.write_table(predictions_table(task.kind, test), shared.out / "runs" / f"{run}.parquet")
     best = max((h["val_metric"] for h in history), default=float("nan"))
     summary = {"init": init, "seed": seed, "steps": steps, "best_val_metric": best,
                "threshold": threshold, "minutes": (time.perf_counter() - start) / 60, "history": history}
@@ -613,13 +606,13 @@ def train_and_predict(shared: TaskRuns, init: str, seed: int) -> dict:
 def calibrate_threshold(model, spec: RunSpec, valid: list[Encoded], gold: pa.Table, batch_size: int) -> float:
     """The span score threshold with the best validation F1 (a grid over (0, 1))."""
     grid = [round(t, 2) for t in np.arange(0.1, 0.95, 0.05)]
-    scores = {t: score(spec.kind, predict(model, spec.kind, valid, spec.space, batch_size,
+    scores = {t: score(spec.kind, spec.space, predict(model, spec.kind, valid, spec.space, batch_size,
                                           spec.span_decoding, t), gold) for t in grid}
     return max(scores, key=scores.get)
 
 
-def write_predictions(path: Path, kind: str, predictions: list) -> None:
-    """Test predictions of one run, one row per example in split order."""
+def predictions_table(kind: str, predictions: list) -> pa.Table:
+    """Predictions of one run, one row per example in split order (what evaluate@task reads)."""
     if kind in ("classification", "pair"):
         table = pa.table({"pred": [p[0] for p in predictions], "score": [p[1] for p in predictions]})
     elif kind == "token":
@@ -629,7 +622,7 @@ def write_predictions(path: Path, kind: str, predictions: list) -> None:
                  for row in predictions]
         table = pa.table({"pred_spans": pa.array(spans, type=pa.list_(pa.struct(
             [("start", pa.int32()), ("end", pa.int32()), ("label", pa.string()), ("score", pa.float32())])))})
-    pq.write_table(table, path)
+    return table
 
 
 def export(model, shared: TaskRuns, run: str, space: list[str], threshold: float | None) -> None:
