@@ -15,6 +15,7 @@ DEFAULTS = {
     "PREFECT_LOGGING_EXTRA_LOGGERS": "components,pipeline",  # our logs in Prefect's run logs
     "HF_HUB_OFFLINE": "1",  # nothing is ever fetched from a hub
     "TRANSFORMERS_OFFLINE": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # a bar per model logged or loaded
 }
 
 
@@ -30,5 +31,7 @@ def configure() -> None:
     # Per-fit banners (GPU/TPU available, tips): fine-tuning fits dozens of runs per pipeline.
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a deprecation inside Lightning
+    # The pyfunc model declares its input schema in the signature, not in type hints.
+    warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")  # a deprecation inside Lightning
     # Fine-tuning batches come from one in-process iterator (no workers), so its length is exact.
     warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")

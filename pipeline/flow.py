@@ -68,6 +68,19 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -
     return {"status": "ran", "seconds": time.perf_counter() - start, "stats": stats}
 
 
+@task
+def registry_task(params_path: str, tasks: list[str], parent_run_id: str) -> dict:
+    """Register the encoder and the evaluated task models; new ones challenge their champion."""
+    from pipeline.publish import publish
+
+    start = time.perf_counter()
+    outcome = publish(Path(params_path), tasks, parent_run_id)
+    new = {name: r["version"] for name, r in outcome.items() if r["version"] is not None}
+    get_run_logger().info("registry: %s", ", ".join(f"{n} v{v}" for n, v in new.items()) or "nothing new")
+    return {"status": "ran" if new else "skipped", "seconds": time.perf_counter() - start,
+            "stats": {"registered": len(new), **{f"{n}.version": v for n, v in new.items()}}}
+
+
 def _run_in_own_process(name: str, params_path: str, parent_run_id: str) -> dict:
     """`bertflow stage NAME` as a child process, its MLflow run nested under the flow's."""
     import os
@@ -162,6 +175,11 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None) ->
                 for current, future in outcome.items():  # noqa: B007 - `current` names a failure
                     future.result()  # raises the group's first failure, in task order
             current = None
+            evaluated = [n.partition("@")[2] for n in results if n.startswith("evaluate@")]
+            if evaluated:
+                current = "registry"
+                results["registry"] = registry_task(str(path), evaluated, parent.run_id)
+                current = None
             parent.log_metrics({f"{n}.seconds": r["seconds"] for n, r in results.items()})
             parent.set_tags({f"stage.{n}": r["status"] for n, r in results.items()})
     finally:

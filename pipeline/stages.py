@@ -82,11 +82,7 @@ def _pretrain(p: Params, root: Path, run: Run | None, task: str) -> dict:
     history = stats.pop("history")
     write_curve(history, root / p.paths.metrics / "pretrain_curve.csv",
                 root / p.paths.metrics / "pretrain_curve.png")
-    run.log_artifact(encoder, "encoder")
-    stats["registered_version"] = run.register(
-        "encoder", "encoder", alias="candidate",
-        tags={"mlm_accuracy": f"{stats['mlm_accuracy']:.4f}", "bertflow.stage": "pretrain"})
-    return stats
+    return stats  # the encoder is registered after the run (pipeline.publish), once per content
 
 
 def _task_data(p: Params, root: Path, run: Run | None, task: str) -> dict:

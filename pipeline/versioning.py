@@ -55,3 +55,34 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
                 value = "missing"
             tags[f"dvc.dep.{dep.def_path}"] = value
     return tags
+
+
+def lock_hashes(root: Path, stage: str) -> dict[str, str]:
+    """{path: md5} of the data deps and outs dvc.lock records for `stage` (code deps left out);
+    empty without a dvc.lock entry."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return {}
+    entry = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage, {})
+    return {d["path"]: d["md5"] for d in [*entry.get("deps", []), *entry.get("outs", [])]
+            if "md5" in d and not d["path"].endswith(".py")}
+
+
+def has_remote(root: Path) -> bool:
+    """Whether a default DVC remote is configured."""
+    with _repo(root) as repo:
+        return bool(repo.config["core"].get("remote"))
+
+
+def pull(root: Path) -> None:
+    """`dvc pull`: fetch and check out every output dvc.lock records, from the default remote."""
+    with _repo(root) as repo:
+        repo.pull()
+
+
+def push(root: Path) -> int:
+    """`dvc push`: upload every cached output of dvc.lock to the default remote; files sent."""
+    with _repo(root) as repo:
+        return repo.push()

@@ -143,7 +143,7 @@ def _check_export(project: Path) -> None:
         ref = hf(input_ids=ids, token_type_ids=types)
     assert (out["mlm_logits"] - ref.prediction_logits.reshape(-1, ours.cfg.vocab_size)).abs().max() <= 1e-4
     assert (out["nsp_logits"] - ref.seq_relationship_logits).abs().max() <= 1e-4
-    # The curve and the registry entry.
+    # The curve, as CSV for DVC plots and PNG for people.
     assert (project / "metrics" / "pretrain_curve.csv").read_text().startswith("step,tokens,mlm_accuracy")
     assert (project / "metrics" / "pretrain_curve.png").stat().st_size > 1000
 
@@ -163,6 +163,4 @@ def test_ddp_with_two_processes_on_cpu(stages_dir, pairs_out, tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
     assert [r.info.run_name for r in runs] == ["pretrain"]  # one run, from rank 0 only
     assert "train/loss" in runs[0].data.metrics and "val/mlm_accuracy" in runs[0].data.metrics
-    version = client.get_model_version_by_alias("encoder", "candidate")
-    assert version.run_id == runs[0].info.run_id
     assert (params.parent / "data" / "models" / "encoder" / "model.safetensors").exists()

@@ -1,0 +1,234 @@
+"""The MLflow model registry: one registered model per task (and `encoder`), champion/challenger.
+
+A new version gets alias `candidate`. It becomes `champion` only if its primary metric on the
+task's test split (a version tag) beats the champion's; otherwise the champion stays. Every
+change of champion is kept: on the registered model as the ordered list of champions
+(`rollback` steps back through it), and on each version as tags saying when and why it was
+promoted or demoted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.errors import BertflowError
+from components.inference import INPUTS
+
+CANDIDATE, CHAMPION = "candidate", "champion"
+HISTORY = "bertflow.champions"  # registered-model tag: JSON list of champion versions, oldest first
+SHA = "bertflow.model_sha256"  # version tag: what was registered (a second run registers nothing)
+METRIC, METRIC_NAME = "bertflow.metric", "bertflow.metric_name"
+ENCODER = "encoder"
+# What the pyfunc model needs at run time (the rest of the project is not imported by it).
+RUNTIME = ("torch", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow", "pyyaml", "mlflow")
+CODE = Path(__file__).resolve().parent  # the components package, shipped inside the model
+
+
+def model_sha256(model_dir: Path) -> str:
+    """Content hash of an exported model folder (every file, names included)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        h.update(f.relative_to(model_dir).as_posix().encode() + b"\0")
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def pip_requirements() -> list[str]:
+    """RUNTIME pinned to the installed versions (explicit: inferring them takes ~15 s)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in RUNTIME]
+
+
+def signature(kind: str):
+    """Input schema of a task kind: token and span tasks take `text` or `tokens`."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    if kind in ("token", "span"):
+        cols = [ColSpec("string", "text", required=False), ColSpec(Array("string"), "tokens", required=False)]
+    else:
+        cols = [ColSpec("string", name) for name in INPUTS[kind]]
+    return ModelSignature(inputs=Schema(cols))
+
+
+def save_pyfunc(model_dir: Path, kind: str, example: list[dict], out: Path) -> None:
+    """The task's pyfunc model (code, not pickle) into `out`, with `model_dir` as its artifact."""
+    import mlflow
+    import pandas as pd
+
+    mlflow.pyfunc.save_model(
+        path=str(out), python_model=str(CODE / "pyfunc_model.py"),
+        artifacts={"model": str(model_dir)}, code_paths=[str(CODE)],
+        signature=signature(kind), input_example=pd.DataFrame(example),
+        pip_requirements=pip_requirements())
+
+
+@dataclass
+class Registered:
+    """The outcome of registering one model."""
+
+    name: str
+    version: str | None  # None: this model was registered before
+    champion: str | None  # the champion version afterwards
+    reason: str
+
+
+def find_version(client, name: str, sha: str) -> str | None:
+    """The version of `name` that holds the model with this content hash, if any."""
+    for v in _versions(client, name):
+        if v.tags.get(SHA) == sha:
+            return v.version
+    return None
+
+
+def _versions(client, name: str) -> list:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return []
+
+
+def alias_version(client, name: str, alias: str):
+    """The version an alias points at, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def history(client, name: str) -> list[str]:
+    """Champion versions of `name`, oldest first (the current champion last)."""
+    tags = client.get_registered_model(name).tags
+    return json.loads(tags.get(HISTORY, "[]"))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def set_champion(client, name: str, version: str, reason: str, *, record: bool = True) -> None:
+    """Point `champion` at `version`; tag the versions; append to the history if `record`."""
+    old = alias_version(client, name, CHAMPION)
+    if old is not None and old.version != str(version):
+        client.set_model_version_tag(name, old.version, "bertflow.demoted_at", _now())
+    client.set_registered_model_alias(name, CHAMPION, str(version))
+    client.set_model_version_tag(name, str(version), "bertflow.promoted_at", _now())
+    client.set_model_version_tag(name, str(version), "bertflow.promotion_reason", reason)
+    if record:
+        client.set_registered_model_tag(name, HISTORY, json.dumps([*history(client, name), str(version)]))
+
+
+def challenge(client, name: str, version: str, metric: float) -> tuple[str, str]:
+    """Make `version` champion if its metric beats the champion's; (champion, reason)."""
+    current = alias_version(client, name, CHAMPION)
+    if current is None:
+        set_champion(client, name, version, f"first model ({metric:.4f})")
+        return str(version), "first champion"
+    best = float(current.tags.get(METRIC, "-inf"))
+    if metric > best:
+        reason = f"{metric:.4f} beats version {current.version} ({best:.4f})"
+        set_champion(client, name, version, reason)
+        return str(version), f"new champion: {reason}"
+    return current.version, f"stays candidate: {metric:.4f} does not beat champion {current.version} ({best:.4f})"
+
+
+def unchanged(client, name: str, sha: str) -> Registered | None:
+    """The outcome when a version of `name` already holds the model with this content hash."""
+    existing = find_version(client, name, sha)
+    if existing is None:
+        return None
+    champion = alias_version(client, name, CHAMPION)
+    return Registered(name, None, champion.version if champion else None,
+                      f"unchanged: version {existing} holds this model")
+
+
+def register(client, run, name: str, folder: Path, artifact_path: str, sha: str,
+             tags: dict[str, str], metric: float | None) -> Registered:
+    """Log `folder` to `run`, register it as a new version of `name` with alias `candidate`,
+    and with a metric, let it challenge the champion."""
+    run.log_artifact(folder, artifact_path)
+    all_tags = {**tags, SHA: sha}
+    if metric is not None:
+        all_tags[METRIC] = f"{metric:.6f}"
+    version = run.register(artifact_path, name, CANDIDATE, all_tags)
+    if metric is None:
+        return Registered(name, version, None, "registered")
+    champion, reason = challenge(client, name, version, metric)
+    return Registered(name, version, champion, reason)
+
+
+def register_task(client, run, task: str, kind: str, model_dir: Path, example: list[dict],
+                  metric_name: str, metric: float, tags: dict[str, str]) -> Registered:
+    """The task's exported model as a pyfunc version of registered model `task`."""
+    sha = model_sha256(model_dir)
+    if (same := unchanged(client, task, sha)) is not None:
+        return same
+    with tempfile.TemporaryDirectory(prefix="bertflow-pyfunc-") as tmp:
+        save_pyfunc(model_dir, kind, example, Path(tmp) / "model")
+        return register(client, run, task, Path(tmp) / "model", f"models/{task}", sha,
+                        {**tags, METRIC_NAME: metric_name}, metric)
+
+
+def register_encoder(client, run, encoder_dir: Path, tags: dict[str, str]) -> Registered:
+    """The pretrained encoder folder (HF layout) as a version of registered model `encoder`."""
+    sha = model_sha256(encoder_dir)
+    return unchanged(client, ENCODER, sha) or register(client, run, ENCODER, encoder_dir, ENCODER,
+                                                       sha, tags, None)
+
+
+def promote(client, name: str, version: str) -> None:
+    """Make `version` the champion by hand."""
+    if str(version) not in {v.version for v in _versions(client, name)}:
+        raise BertflowError(f"registered model {name!r} has no version {version}")
+    set_champion(client, name, str(version), "promoted by hand")
+
+
+def rollback(client, name: str) -> str:
+    """Give `champion` back to the previous champion; returns its version."""
+    past = history(client, _checked(client, name))
+    if len(past) < 2:
+        raise BertflowError(f"{name}: no previous champion to roll back to (history: {past or 'empty'})")
+    current, previous = past[-1], past[-2]
+    client.set_model_version_tag(name, current, "bertflow.rolled_back_at", _now())
+    set_champion(client, name, previous, f"rollback from version {current}", record=False)
+    client.set_registered_model_tag(name, HISTORY, json.dumps(past[:-1]))
+    return previous
+
+
+def _checked(client, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        raise BertflowError(f"no registered model {name!r}") from None
+    return name
+
+
+def listing(client) -> list[dict[str, Any]]:
+    """Every registered model with its champion, candidate and newest version."""
+    rows = []
+    for model in client.search_registered_models():
+        versions = _versions(client, model.name)
+        aliases = {a: v.version for v in versions for a in v.aliases}
+        champion = alias_version(client, model.name, CHAMPION)
+        rows.append({"name": model.name, "versions": len(versions),
+                     "latest": max((int(v.version) for v in versions), default=0),
+                     CHAMPION: aliases.get(CHAMPION), CANDIDATE: aliases.get(CANDIDATE),
+                     "metric": champion.tags.get(METRIC_NAME, "") if champion else "",
+                     "value": champion.tags.get(METRIC, "") if champion else "",
+                     "history": json.loads(model.tags.get(HISTORY, "[]"))})
+    return sorted(rows, key=lambda r: r["name"])

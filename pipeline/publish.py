@@ -1,0 +1,88 @@
+"""After the stages: register the encoder and every evaluated task model in the MLflow registry,
+with lineage tags (git commit, params hash, the dvc.lock hashes of the data), and let each new
+task model challenge its champion. A model already registered is not registered again, so a
+run in which nothing changed registers nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from components.config import Params, load_params, to_dict
+
+log = logging.getLogger(__name__)
+
+
+def params_sha256(p: Params) -> str:
+    """Hash of the resolved params (every key, defaults included)."""
+    return hashlib.sha256(json.dumps(to_dict(p), sort_keys=True).encode()).hexdigest()
+
+
+def _dvc_tags(root: Path, *stages: str) -> dict[str, str]:
+    from pipeline import versioning
+
+    tags = {}
+    for stage in stages:
+        tags.update({f"dvc.{path}": md5 for path, md5 in versioning.lock_hashes(root, stage).items()})
+    return tags
+
+
+def _example(task_dir: Path, kind: str, rows: int = 3) -> list[dict]:
+    """A few test inputs, as raw text, for the model's input example."""
+    from components.tasks import read_split
+
+    test = read_split(task_dir, "test").slice(0, rows).to_pylist()
+    if kind in ("token", "span"):
+        return [{"text": " ".join(r["tokens"])} for r in test]
+    columns = ("text_a", "text_b") if kind == "pair" else ("text",)
+    return [{c: r[c] for c in columns} for r in test]
+
+
+def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = None) -> dict[str, dict]:
+    """Register the encoder and the exported models of `tasks` that have been evaluated."""
+    from components import registry, tracking
+
+    params_path = Path(params_path).resolve()
+    root, p = params_path.parent, load_params(params_path)
+    code = {**tracking.git_state(root), "bertflow.params_sha256": params_sha256(p)}
+    models = root / p.paths.models
+    outcome: dict[str, dict] = {}
+    with tracking.run(p.tracking, root, "registry", parent_run_id=parent_run_id,
+                      tags={"bertflow.stage": "registry", **code}) as run:
+        client = run.client
+        encoder_version = None
+        if (models / "encoder" / "bertflow.json").exists():
+            pretrain = _stats(root / p.paths.metrics / "pretrain_stats.json")
+            tags = {**code, **_dvc_tags(root, "pretrain", "pairs", "tokenizer", "clean"),
+                    "bertflow.mlm_accuracy": f"{pretrain.get('mlm_accuracy', float('nan')):.4f}"}
+            done = registry.register_encoder(client, run, models / "encoder", tags)
+            encoder_version = done.version or registry.find_version(
+                client, registry.ENCODER, registry.model_sha256(models / "encoder"))
+            outcome[registry.ENCODER] = asdict(done)
+        for task in tasks:
+            model_dir = models / "tasks" / task / "model"
+            stats = _stats(root / p.paths.metrics / "tasks" / task / "evaluate_stats.json")
+            if not stats or not (model_dir / "bertflow.json").exists():
+                log.info("registry: %s has no evaluated model yet, not registered", task)
+                continue
+            exported = json.loads((model_dir / "bertflow.json").read_text())["run"]
+            metric = stats["runs"][exported][stats["metric"]]
+            tags = {**code, **_dvc_tags(root, f"finetune@{task}", f"evaluate@{task}"),
+                    "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.run": exported,
+                    "bertflow.encoder_version": str(encoder_version or "none"),
+                    "bertflow.metric_mean": f"{stats['primary']['pretrained']['mean']:.6f}"}
+            done = registry.register_task(client, run, task, stats["kind"], model_dir,
+                                          _example(root / p.paths.tasks / task, stats["kind"]),
+                                          stats["metric"], metric, tags)
+            outcome[task] = asdict(done)
+            log.info("registry: %s: %s", task, done.reason)
+        run.set_tags({f"registry.{name}": r["reason"] for name, r in outcome.items()})
+    return outcome
+
+
+def _stats(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
