@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,35 @@ def _entities(spans: list[tuple], offsets: list[tuple[int, int]], text: str) -> 
             entity["score"] = score
         out.append(entity)
     return out
+
+
+def read_batches(path: Path, size: int) -> Iterator[list[dict]]:
+    """Rows of a CSV or JSONL file, `size` at a time (the file is never read whole)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        import pandas as pd
+
+        # Every value a string, an empty cell an empty string (not NaN).
+        for chunk in pd.read_csv(path, chunksize=size, dtype=str, keep_default_na=False):
+            yield chunk.to_dict(orient="records")
+        return
+    if suffix not in (".jsonl", ".ndjson"):
+        raise DataError(f"{path}: predict reads .csv or .jsonl files, not {suffix or 'no suffix'}")
+    batch: list[dict] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {number}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+            batch.append(row)
+            if len(batch) == size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch

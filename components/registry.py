@@ -223,12 +223,67 @@ def listing(client) -> list[dict[str, Any]]:
     rows = []
     for model in client.search_registered_models():
         versions = _versions(client, model.name)
-        aliases = {a: v.version for v in versions for a in v.aliases}
+        aliases = client.get_registered_model(model.name).aliases  # {alias: version}
         champion = alias_version(client, model.name, CHAMPION)
         rows.append({"name": model.name, "versions": len(versions),
                      "latest": max((int(v.version) for v in versions), default=0),
-                     CHAMPION: aliases.get(CHAMPION), CANDIDATE: aliases.get(CANDIDATE),
+                     CHAMPION: str(aliases.get(CHAMPION, "-")), CANDIDATE: str(aliases.get(CANDIDATE, "-")),
                      "metric": champion.tags.get(METRIC_NAME, "") if champion else "",
                      "value": champion.tags.get(METRIC, "") if champion else "",
                      "history": json.loads(model.tags.get(HISTORY, "[]"))})
     return sorted(rows, key=lambda r: r["name"])
+
+
+def resolve(client, ref: str):
+    """`TASK@ALIAS` or `TASK/VERSION` -> the model version."""
+    from mlflow.exceptions import MlflowException
+
+    name, at, alias = ref.partition("@")
+    if not at:
+        name, _, version = ref.partition("/")
+    try:
+        return client.get_model_version_by_alias(name, alias) if at else client.get_model_version(name, version)
+    except MlflowException:
+        raise BertflowError(f"no model version {ref!r} in the registry "
+                            f"(see `bertflow registry list`)") from None
+
+
+def _data_lines(tags: dict[str, str], indent: str) -> list[str]:
+    # The data folders only: the metrics files of the stages are in git with the code.
+    paths = sorted((k[len("dvc."):], v) for k, v in tags.items() if k.startswith("dvc.data/"))
+    width = max((len(p) for p, _ in paths), default=0)
+    return [f"{indent}{p:{width}s}  md5 {h}" for p, h in paths] or [f"{indent}(no dvc.lock hashes recorded)"]
+
+
+def _code_line(tags: dict[str, str], indent: str) -> str:
+    dirty = " (uncommitted changes)" if tags.get("git.dirty") == "true" else ""
+    return (f"{indent}code: git {tags.get('git.commit', 'unknown')[:12]}{dirty}, "
+            f"params sha256 {tags.get('bertflow.params_sha256', 'unknown')[:12]}")
+
+
+def lineage(client, ref: str) -> list[str]:
+    """The chain of a model version: its metric and code, the data it was trained and evaluated
+    on, then the encoder version it started from and the data that encoder was trained on."""
+    v = resolve(client, ref)
+    tags = v.tags
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(v.creation_timestamp / 1000))
+    lines = [f"{ref} = {v.name} version {v.version} (aliases: {', '.join(v.aliases) or 'none'}; "
+             f"registered {when}; run {v.run_id})"]
+    if METRIC in tags:
+        lines.append(f"  test {tags.get(METRIC_NAME, 'metric')} {float(tags[METRIC]):.4f} "
+                     f"(exported run {tags.get('bertflow.run', '?')}; mean over seeds "
+                     f"{float(tags.get('bertflow.metric_mean', 'nan')):.4f})")
+    lines.append(_code_line(tags, "  "))
+    lines.append("  data (dvc.lock):")
+    encoder = tags.get("bertflow.encoder_version", "none")
+    own = {k: val for k, val in tags.items() if not (encoder != "none" and k == "dvc.data/models/encoder")}
+    lines += _data_lines(own, "    ")
+    if encoder == "none":
+        return lines
+    e = client.get_model_version(ENCODER, encoder)
+    lines.append(f"  <- {ENCODER} version {e.version} (held-out MLM accuracy "
+                 f"{e.tags.get('bertflow.mlm_accuracy', '?')}; run {e.run_id})")
+    lines.append(_code_line(e.tags, "     "))
+    lines.append("     data (dvc.lock): pretraining pairs <- tokenizer <- clean corpus <- raw")
+    lines += _data_lines(e.tags, "       ")
+    return lines

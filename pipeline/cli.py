@@ -47,6 +47,144 @@ def stage(
     run_stage(name, params)
 
 
+registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: a champion per task.")
+app.add_typer(registry_app, name="registry")
+
+
+def _client(params: Path):
+    """The project's MLflow client; also points mlflow's own URIs (models:/...) at the store."""
+    import mlflow
+
+    from components import tracking
+    from components.config import load_params
+
+    params = params.resolve()
+    uri = tracking.tracking_uri(load_params(params).tracking, params.parent)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return tracking.client(load_params(params).tracking, params.parent)
+
+
+@registry_app.command("list")
+def registry_list(params: ParamsOption = Path("params.yaml")) -> None:
+    """Every registered model: versions, champion (and its test metric), candidate, history."""
+    from components.registry import listing
+
+    rows = listing(_client(params))
+    if not rows:
+        typer.echo("the registry is empty: run `bertflow run` first")
+        return
+    typer.echo(f"{'model':24s} {'versions':>8s} {'champion':>8s} {'candidate':>9s}  metric")
+    for r in rows:
+        metric = f"{r['metric']} {float(r['value']):.4f}" if r["value"] else ""
+        typer.echo(f"{r['name']:24s} {r['versions']:8d} {r['champion']:>8s} {r['candidate']:>9s}  "
+                   f"{metric}  history {r['history']}")
+
+
+@registry_app.command()
+def promote(task: str, version: str, params: ParamsOption = Path("params.yaml")) -> None:
+    """Make VERSION the champion of TASK (the previous one stays in the history)."""
+    from components.registry import promote as do_promote
+
+    do_promote(_client(params), task, version)
+    typer.echo(f"{task}: version {version} is champion")
+
+
+@registry_app.command()
+def rollback(task: str, params: ParamsOption = Path("params.yaml")) -> None:
+    """Give TASK's champion back to the previous champion."""
+    from components.registry import rollback as do_rollback
+
+    typer.echo(f"{task}: version {do_rollback(_client(params), task)} is champion again")
+
+
+@app.command()
+def lineage(
+    ref: Annotated[str, typer.Argument(help="TASK@ALIAS (champion, candidate) or TASK/VERSION.")],
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Where a model version comes from: code, params, data versions, the encoder and its data."""
+    from components.registry import lineage as chain
+
+    typer.echo("\n".join(chain(_client(params), ref)))
+
+
+@app.command()
+def predict(
+    task: Annotated[str, typer.Argument(help="The task (its registered model).")],
+    text: Annotated[list[str] | None, typer.Option(help="Text to label (repeatable).")] = None,
+    text_b: Annotated[list[str] | None, typer.Option(help="Second text of a pair task.")] = None,
+    file: Annotated[Path | None, typer.Option(help="CSV or JSONL input, streamed.", exists=True,
+                                              dir_okay=False)] = None,
+    out: Annotated[Path | None, typer.Option(help="JSONL output (default: stdout).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
+    batch_size: Annotated[int, typer.Option(help="Rows per model call.")] = 512,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Predict with a registered model: one JSON line per input, the input's fields included."""
+    import contextlib
+    import json
+
+    import mlflow
+    import pandas as pd
+
+    from components.errors import ConfigError
+    from components.inference import read_batches
+    from components.io import atomic_file
+
+    if (file is None) == (not text):
+        raise ConfigError("give --text (one or more) or --file")
+    if text_b and len(text_b) != len(text or []):
+        raise ConfigError("give one --text-b per --text")
+    _client(params)
+    pyfunc = mlflow.pyfunc.load_model(model or f"models:/{task}@champion")
+    if file is None:
+        rows = [{"text_a": a, "text_b": b} for a, b in zip(text, text_b, strict=True)] if text_b \
+            else [{"text": t} for t in text]
+        batches = iter([rows])
+    else:
+        batches = read_batches(file, batch_size)
+    with contextlib.ExitStack() as stack:
+        if out is None:
+            sink = sys.stdout
+        else:  # written whole or not at all
+            sink = stack.enter_context(stack.enter_context(atomic_file(out)).open("w", encoding="utf-8"))
+        for rows in batches:
+            for row, answer in zip(rows, pyfunc.predict(pd.DataFrame(rows)), strict=True):
+                sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
+
+
+@app.command("export-hf")
+def export_hf(
+    task: Annotated[str, typer.Argument(help="The task (its registered model).")],
+    out: Annotated[Path, typer.Argument(help="Folder to write (config.json, model.safetensors, tokenizer).")],
+    ref: Annotated[str, typer.Option(help="ALIAS or VERSION of the task's model.")] = "champion",
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Write a registered classification, pair or token model in transformers' layout."""
+    import tempfile
+
+    import mlflow
+
+    from components.hf_export import export_hf as convert
+
+    _client(params)
+    uri = f"models:/{task}@{ref}" if not ref.isdigit() else f"models:/{task}/{ref}"
+    with tempfile.TemporaryDirectory(prefix="bertflow-hf-") as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=tmp))
+        info = convert(local / "artifacts" / "model", out)
+    typer.echo(f"{out}: {info['architecture']} with {info['labels']} labels "
+               "(load with transformers' from_pretrained)")
+
+
+@app.command()
+def serve(params: ParamsOption = Path("params.yaml")) -> None:
+    """Serve the scheduled pipeline (params `schedule`) as a Prefect deployment; Ctrl-C stops."""
+    from pipeline.schedule import serve as serve_schedule
+
+    serve_schedule(params)
+
+
 def main() -> None:
     """Console entry point: bad params or data end in one clear line and exit code 1."""
     from pipeline import env

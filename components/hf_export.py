@@ -1,0 +1,56 @@
+"""A fine-tuned classification, pair or token model in transformers' layout:
+`BertForSequenceClassification` / `BertForTokenClassification` with `id2label`, loadable with
+`from_pretrained(dir)` and `pipeline(...)` offline. Span models (and token models with a CRF)
+have no transformers equivalent.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from components.errors import DataError
+from components.io import atomic_dir, write_json
+
+ARCHITECTURES = {"classification": "BertForSequenceClassification",
+                 "pair": "BertForSequenceClassification", "token": "BertForTokenClassification"}
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def export_hf(model_dir: Path, out_dir: Path) -> dict:
+    """Write the exported task model at `model_dir` to `out_dir` in transformers' layout."""
+    from safetensors.torch import load_file, save_file
+
+    from components.model import BertConfig, BertForPretraining, hf_config, hf_state_dict
+
+    model_dir = Path(model_dir)
+    info = json.loads((model_dir / "bertflow.json").read_text())
+    kind, cfg = info["task"]["kind"], BertConfig(**info["config"])
+    if kind not in ARCHITECTURES:
+        raise DataError(f"{model_dir}: a {kind} model has no transformers equivalent")
+    if info["crf"]:
+        raise DataError(f"{model_dir}: a token model with a CRF has no transformers equivalent "
+                        "(its decoding is not a per-token argmax)")
+    if cfg.norm != "post":
+        raise DataError(f"{model_dir}: a pre-norm encoder has no transformers BERT equivalent")
+    ours = load_file(model_dir / "model.safetensors")
+    # Our encoder (and pooler) go through a pretraining model to get transformers' names.
+    shell = BertForPretraining(cfg)
+    for part in ("encoder", "pooler"):
+        sub = {k[len(part) + 1:]: v for k, v in ours.items() if k.startswith(part + ".")}
+        if sub:
+            getattr(shell, part).load_state_dict(sub)
+    keep = "bert." if kind != "token" else ("bert.embeddings.", "bert.encoder.")  # no pooler
+    state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith(keep)}
+    state.update({k: ours[k].contiguous() for k in ("classifier.weight", "classifier.bias")})
+    id2label = {int(i): label for i, label in info["id2label"].items()}
+    config = {**hf_config(cfg), "architectures": [ARCHITECTURES[kind]], "id2label": id2label,
+              "label2id": {label: i for i, label in id2label.items()}}
+    with atomic_dir(out_dir) as tmp:
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        write_json(tmp / "config.json", config)
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).exists():
+                shutil.copy(model_dir / name, tmp / name)
+    return {"kind": kind, "architecture": ARCHITECTURES[kind], "labels": len(id2label)}
