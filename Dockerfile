@@ -1,27 +1,48 @@
-# CPU image of the pipeline (a first version; GPU/CUDA variants come with the lifecycle issue).
-# Build: docker build -t bertflow .      Run: docker run --rm -v "$PWD:/work" -w /work bertflow run
-FROM python:3.11-slim
+# The pipeline in a container: `bertflow` as entry point, run on a checkout mounted at /work.
+#
+# CPU (default):  docker build -t bertflow .
+# CUDA:           docker build -t bertflow:cuda \
+#                   --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#                   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+# Run:            docker run --rm -v "$PWD:/work" bertflow run
+#                 docker run --rm --gpus all -v "$PWD:/work" bertflow:cuda run
+# Serve a model:  docker run --rm -p 127.0.0.1:5000:5000 -v "$PWD:/work" \
+#                   -e MLFLOW_TRACKING_URI=sqlite:////work/mlflow.db --entrypoint mlflow bertflow \
+#                   models serve -m models:/movie-sentiment@champion --env-manager local -h 0.0.0.0
+# Nothing secret is baked in: pass credentials (S3 remote, MLflow server) with -e at run time.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    DEBIAN_FRONTEND=noninteractive \
     DVC_NO_ANALYTICS=1 \
     MLFLOW_DISABLE_TELEMETRY=true \
     DO_NOT_TRACK=1 \
-    PREFECT_SERVER_ANALYTICS_ENABLED=false
+    PREFECT_SERVER_ANALYTICS_ENABLED=false \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
 
-# git: DVC needs a repository; the data stages need nothing else from the system.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# git: DVC needs a repository. Python comes with the slim image; a CUDA base image gets Ubuntu's.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git \
+    && apt-get install -y --no-install-recommends git ca-certificates \
+    && if ! command -v python3 >/dev/null; then \
+         apt-get install -y --no-install-recommends python3 python3-venv; fi \
     && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv \
     && useradd --create-home --uid 10001 bertflow
 
 WORKDIR /opt/bertflow
-# torch first, from the CPU wheel index (the default index would pull a multi-GB CUDA build).
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# torch first, pinned as in pyproject.toml, from the CPU (or CUDA) wheel index: the default
+# index would pull a multi-GB CUDA build into the CPU image.
+RUN pip install --index-url "${TORCH_INDEX}" torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY components components
 COPY pipeline pipeline
+# The same install as the README's `make` targets, without the dev extras.
 RUN pip install .
 
 USER 10001

@@ -86,7 +86,7 @@ def find_version(client, name: str, sha: str) -> str | None:
     """The version of `name` that holds the model with this content hash, if any."""
     for v in _versions(client, name):
         if v.tags.get(SHA) == sha:
-            return v.version
+            return str(v.version)
     return None
 
 
@@ -122,8 +122,8 @@ def _now() -> str:
 def set_champion(client, name: str, version: str, reason: str, *, record: bool = True) -> None:
     """Point `champion` at `version`; tag the versions; append to the history if `record`."""
     old = alias_version(client, name, CHAMPION)
-    if old is not None and old.version != str(version):
-        client.set_model_version_tag(name, old.version, "bertflow.demoted_at", _now())
+    if old is not None and str(old.version) != str(version):
+        client.set_model_version_tag(name, str(old.version), "bertflow.demoted_at", _now())
     client.set_registered_model_alias(name, CHAMPION, str(version))
     client.set_model_version_tag(name, str(version), "bertflow.promoted_at", _now())
     client.set_model_version_tag(name, str(version), "bertflow.promotion_reason", reason)
@@ -142,7 +142,7 @@ def challenge(client, name: str, version: str, metric: float) -> tuple[str, str]
         reason = f"{metric:.4f} beats version {current.version} ({best:.4f})"
         set_champion(client, name, version, reason)
         return str(version), f"new champion: {reason}"
-    return current.version, f"stays candidate: {metric:.4f} does not beat champion {current.version} ({best:.4f})"
+    return str(current.version), f"stays candidate: {metric:.4f} does not beat champion {current.version} ({best:.4f})"
 
 
 def unchanged(client, name: str, sha: str) -> Registered | None:
@@ -151,7 +151,7 @@ def unchanged(client, name: str, sha: str) -> Registered | None:
     if existing is None:
         return None
     champion = alias_version(client, name, CHAMPION)
-    return Registered(name, None, champion.version if champion else None,
+    return Registered(name, None, str(champion.version) if champion else None,
                       f"unchanged: version {existing} holds this model")
 
 
@@ -163,7 +163,7 @@ def register(client, run, name: str, folder: Path, artifact_path: str, sha: str,
     all_tags = {**tags, SHA: sha}
     if metric is not None:
         all_tags[METRIC] = f"{metric:.6f}"
-    version = run.register(artifact_path, name, CANDIDATE, all_tags)
+    version = str(run.register(artifact_path, name, CANDIDATE, all_tags))
     if metric is None:
         return Registered(name, version, None, "registered")
     champion, reason = challenge(client, name, version, metric)
@@ -191,7 +191,7 @@ def register_encoder(client, run, encoder_dir: Path, tags: dict[str, str]) -> Re
 
 def promote(client, name: str, version: str) -> None:
     """Make `version` the champion by hand."""
-    if str(version) not in {v.version for v in _versions(client, name)}:
+    if str(version) not in {str(v.version) for v in _versions(client, name)}:
         raise BertflowError(f"registered model {name!r} has no version {version}")
     set_champion(client, name, str(version), "promoted by hand")
 

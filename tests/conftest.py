@@ -106,11 +106,10 @@ def prefect_harness():
         yield
 
 
-@pytest.fixture
-def dvc_project(tmp_path) -> Path:
-    """A git + DVC repo holding a copy of the project (code deps, dvc.yaml) and small params."""
-    repo = tmp_path / "project"
-    repo.mkdir()
+def make_dvc_project(repo: Path, data: dict) -> Path:
+    """A git + DVC repo at `repo` holding a copy of the project (code deps, dvc.yaml) and the
+    params `data`, committed."""
+    repo.mkdir(parents=True)
     for item in ("components", "pipeline", "dvc.yaml", ".dvc", ".dvcignore", ".gitignore", "data"):
         src = ROOT / item
         if src.is_dir():
@@ -118,10 +117,15 @@ def dvc_project(tmp_path) -> Path:
                 "__pycache__", "tmp", "cache", "raw", "clean", "tokenizer", "pairs", "models"))
         else:
             shutil.copy(src, repo / item)
-    data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
     write_params(repo, data)
     for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "test@example.com"],
                 ["git", "config", "user.name", "test"], ["git", "add", "-A"],
                 ["git", "commit", "-qm", "project"]):
         run_cli(*cmd, cwd=repo)
     return repo
+
+
+@pytest.fixture
+def dvc_project(tmp_path) -> Path:
+    """A git + DVC repo holding a copy of the project (code deps, dvc.yaml) and small params."""
+    return make_dvc_project(tmp_path / "project", small_params(tracking={"uri": "sqlite:///mlflow.db"}))

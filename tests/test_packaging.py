@@ -22,3 +22,19 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme.split("```")[1]
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_dockerfile_installs_what_pyproject_pins_and_runs_as_a_user():
+    import re
+    import tomllib
+
+    docker = (ROOT / "Dockerfile").read_text()
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch = next(d for d in deps if d.startswith("torch=="))
+    assert torch in docker  # the CPU wheel index holds exactly the pinned version
+    assert "pip install ." in docker and 'ENTRYPOINT ["bertflow"]' in docker
+    users = re.findall(r"^USER\s+(\S+)", docker, flags=re.M)
+    assert users and users[-1] not in ("root", "0")
+    assert "ARG BASE_IMAGE" in docker  # a CUDA base image by build arg
+    kept = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")]
+    assert sorted(kept) == ["!README.md", "!components/", "!pipeline/", "!pyproject.toml"]

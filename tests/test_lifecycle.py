@@ -1,0 +1,330 @@
+"""The model lifecycle on a small real project: the registry with champion/challenger and
+lineage, the pyfunc model on raw text, `bertflow predict`, REST serving with `mlflow models
+serve`, the transformers export, the DVC push/pull round trip and a scheduled run triggered
+through a Prefect server. The tests share one project and run in file order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, make_dvc_project, run_cli, small_params
+from tests.test_finetune import _user_files
+
+pytestmark = pytest.mark.slow
+TASKS = {
+    "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
+                "columns": {"text": "review", "label": "verdict"}},
+    "same-topic": {"kind": "pair", "source": "data/user/tasks/pairs.jsonl"},
+    "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
+    "ner-span": {"kind": "span", "source": "data/user/tasks/ner.conll", "max_span_words": 3,
+                 "span_decoding": "greedy", "epochs": 16},
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A DVC project with one task of each kind, run once by `bertflow run` (tiny model)."""
+    data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
+    data["model"]["preset"] = "tiny"
+    data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
+                            checkpoint_every_steps=15, short_seq_steps=10, accelerator="cpu")
+    data["finetune"].update(tasks=TASKS, seeds=[1], baseline=False, lr=0.003, epochs=8,
+                            batch_size=16, patience=16)
+    repo = make_dvc_project(tmp_path_factory.mktemp("lifecycle") / "project", data)
+    _user_files(repo / "data" / "user" / "tasks")
+    run_cli("dvc", "add", "data/user/tasks", cwd=repo)  # your own data: versioned by DVC, not git
+    _commit(repo, "user tasks")
+    run_cli("bertflow", "run", cwd=repo)
+    return repo
+
+
+def _commit(repo: Path, message: str) -> None:
+    run_cli("git", "add", "-A", cwd=repo)
+    run_cli("git", "commit", "-qm", message, cwd=repo)
+
+
+def _client(repo: Path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(uri)
+
+
+def _lock(repo: Path, stage: str, path: str) -> str:
+    entry = yaml.safe_load((repo / "dvc.lock").read_text())["stages"][stage]
+    return next(d["md5"] for d in entry["deps"] + entry["outs"] if d["path"] == path)
+
+
+def _statuses(out: str) -> dict[str, str]:
+    return {line.split()[0]: line.split()[1] for line in out.splitlines()
+            if len(line.split()) >= 2 and line.split()[1] in ("ran", "skipped")}
+
+
+def test_a_run_registers_a_champion_per_task_that_answers_raw_text(project):
+    import mlflow
+    import pandas as pd
+
+    client = _client(project)
+    for task in TASKS:
+        champion = client.get_model_version_by_alias(task, "champion")
+        assert client.get_model_version_by_alias(task, "candidate").version == champion.version
+        assert champion.tags["bertflow.metric_name"] == ("accuracy" if TASKS[task]["kind"] in
+                                                         ("classification", "pair") else "entity_f1")
+        # Lineage: the data versions are dvc.lock's, and the encoder version is the one it started from.
+        assert champion.tags[f"dvc.data/tasks/{task}"] == _lock(project, f"finetune@{task}", f"data/tasks/{task}")
+        encoder = client.get_model_version("encoder", champion.tags["bertflow.encoder_version"])
+        assert encoder.tags["dvc.data/models/encoder"] == champion.tags["dvc.data/models/encoder"]
+        assert encoder.tags["dvc.data/pairs"] == _lock(project, "pretrain", "data/pairs")
+        assert champion.tags["git.commit"] == run_cli("git", "rev-parse", "HEAD", cwd=project).stdout.strip()
+        # Code, not pickle: the model is its source file plus safetensors and JSON artifacts.
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{task}@champion"))
+        assert not [p for p in local.rglob("*") if p.suffix in (".pkl", ".pickle", ".cloudpickle")]
+        assert "model_code_path" in (local / "MLmodel").read_text()
+
+    def load(task):
+        return mlflow.pyfunc.load_model(f"models:/{task}@champion")
+
+    # The user files are learnable by construction (see tests/test_finetune.py).
+    reviews = load("reviews").predict(pd.DataFrame({"text": ["the film number 7 was great",
+                                                             "the film number 8 was awful"]}))
+    assert [r["label"] for r in reviews] == ["pos", "neg"] and all(0.5 < r["score"] <= 1 for r in reviews)
+    same = load("same-topic").predict(pd.DataFrame({
+        "text_a": ["the president spoke about taxes 3", "the president spoke about taxes 4"],
+        "text_b": ["the president spoke about taxes 3", "a storm hit the coast 4"]}))
+    assert [r["label"] for r in same] == ["same", "other"]
+    text = "Jones visited Boston in 1950"
+    ner = load("ner").predict(pd.DataFrame({"text": [text]}))[0]
+    assert ner["tokens"] == text.split() and ner["tags"] == ["B-PER", "O", "B-LOC", "O", "O"]
+    assert [(e["text"], e["label"]) for e in ner["entities"]] == [("Jones", "PER"), ("Boston", "LOC")]
+    spans = load("ner-span").predict(pd.DataFrame({"tokens": [text.split()]}))[0]["spans"]
+    assert [(s["start"], s["end"], s["label"]) for s in spans] == [(0, 1, "PER"), (2, 3, "LOC")]
+    assert [text[s["start_char"]:s["end_char"]] for s in spans] == ["Jones", "Boston"]
+
+    chain = run_cli("bertflow", "lineage", "ner@champion", cwd=project).stdout
+    assert _lock(project, "pretrain", "data/pairs") in chain
+    assert _lock(project, "finetune@ner", "data/tasks/ner") in chain
+    assert "<- encoder version" in chain
+
+
+def test_nothing_changed_registers_nothing_and_a_worse_model_stays_candidate(project):
+    client = _client(project)
+    versions = {t: len(client.search_model_versions(f"name='{t}'")) for t in [*TASKS, "encoder"]}
+    out = run_cli("bertflow", "run", cwd=project).stdout
+    assert set(_statuses(out).values()) == {"skipped"}
+    assert versions == {t: len(client.search_model_versions(f"name='{t}'")) for t in versions}
+
+    # Fewer examples and one epoch: a worse reviews model. It is registered, but stays candidate.
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["finetune"]["tasks"]["reviews"].update(max_train_examples=8, epochs=1)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _commit(project, "a worse reviews model")
+    ran = [n for n, s in _statuses(run_cli("bertflow", "run", cwd=project).stdout).items() if s == "ran"]
+    assert ran == ["task_data@reviews", "finetune@reviews", "evaluate@reviews", "transfer", "registry"]
+    champion = client.get_model_version_by_alias("reviews", "champion")
+    candidate = client.get_model_version_by_alias("reviews", "candidate")
+    assert (str(champion.version), str(candidate.version)) == ("1", "2")
+    assert float(candidate.tags["bertflow.metric"]) <= float(champion.tags["bertflow.metric"])
+
+    listing = run_cli("bertflow", "registry", "list", cwd=project).stdout
+    assert any(line.split()[:4] == ["reviews", "2", "1", "2"] for line in listing.splitlines())
+    run_cli("bertflow", "registry", "promote", "reviews", "2", cwd=project)
+    assert str(client.get_model_version_by_alias("reviews", "champion").version) == "2"
+    assert "version 1 is champion again" in run_cli("bertflow", "registry", "rollback", "reviews",
+                                                    cwd=project).stdout
+    assert str(client.get_model_version_by_alias("reviews", "champion").version) == "1"
+    rolled = client.get_model_version("reviews", "2").tags
+    assert "bertflow.promoted_at" in rolled and "bertflow.rolled_back_at" in rolled
+    # Nothing left to roll back to: a clear error, exit 1.
+    refused = run_cli("bertflow", "registry", "rollback", "reviews", cwd=project, check=False)
+    assert refused.returncode == 1 and "no previous champion" in refused.stderr
+
+
+def test_predict_streams_a_file_of_ten_thousand_lines(project, tmp_path):
+    from components.inference import read_batches
+
+    lines = [json.dumps({"text": f"the film number {i} was {'great' if i % 2 else 'awful'}"})
+             for i in range(10_000)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    assert [len(b) for b in read_batches(tmp_path / "in.jsonl", 4096)] == [4096, 4096, 1808]
+    run_cli("bertflow", "predict", "reviews", "--file", str(tmp_path / "in.jsonl"), "--out",
+            str(tmp_path / "out.jsonl"), "--batch-size", "1000", cwd=project)
+    answers = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(answers) == 10_000
+    assert sum(a["label"] == ("pos" if i % 2 else "neg") for i, a in enumerate(answers)) >= 9_900
+
+    # A bad line: the error names it, and no output file is left behind.
+    (tmp_path / "bad.jsonl").write_text(lines[0] + "\n{oops\n")
+    failed = run_cli("bertflow", "predict", "reviews", "--file", str(tmp_path / "bad.jsonl"), "--out",
+                     str(tmp_path / "bad-out.jsonl"), cwd=project, check=False)
+    assert failed.returncode == 1 and "bad.jsonl, line 2" in failed.stderr
+    assert not list(tmp_path.glob("*bad-out*"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd: list[str], cwd: Path, env: dict, url: str, log: Path) -> subprocess.Popen:
+    """Start a server in its own process group; wait until `url` answers."""
+    import httpx
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{cmd[0]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    _stop(proc)
+    raise AssertionError(f"{url} did not answer:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the whole process group (mlflow leaves its workers behind otherwise)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _env(**extra: str) -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **extra}
+
+
+def test_rest_serving_answers_as_predict_does_and_bad_requests_get_400(project, tmp_path):
+    import httpx
+
+    texts = ["the film number 11 was great", "the film number 12 was awful", "a film"]
+    args = [a for t in texts for a in ("--text", t)]
+    offline = [json.loads(line) for line in
+               run_cli("bertflow", "predict", "reviews", *args, cwd=project).stdout.splitlines()]
+    port = _free_port()
+    server = _start(["mlflow", "models", "serve", "-m", "models:/reviews@champion", "--env-manager",
+                     "local", "-h", "127.0.0.1", "-p", str(port)], project,
+                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}"),
+                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    try:
+        url = f"http://127.0.0.1:{port}/invocations"
+        served = httpx.post(url, json={"dataframe_records": [{"text": t} for t in texts]}, timeout=60)
+        assert served.status_code == 200
+        for got, want in zip(served.json()["predictions"], offline, strict=True):
+            assert got["label"] == want["label"] and got["score"] == pytest.approx(want["score"], abs=1e-6)
+        for bad in ({"dataframe_records": [{"review": "no text column"}]},
+                    {"dataframe_records": [{"text": None}]}, {"instances": "not a table"}):
+            answer = httpx.post(url, json=bad, timeout=60)
+            assert answer.status_code == 400 and answer.json()["message"], (bad, answer.text)
+        garbled = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"})
+        assert garbled.status_code == 400
+    finally:
+        _stop(server)
+
+
+def test_transformers_loads_the_export_and_predicts_the_same(project, tmp_path):
+    import mlflow
+    import pandas as pd
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+
+    _client(project)
+    run_cli("bertflow", "export-hf", "reviews", str(tmp_path / "reviews"), cwd=project)
+    texts = ["the film number 21 was great", "the film number 22 was poor", "fine"]
+    ours = mlflow.pyfunc.load_model("models:/reviews@champion").predict(pd.DataFrame({"text": texts}))
+    theirs = pipeline("text-classification", model=str(tmp_path / "reviews"))(texts)
+    assert [t["label"] for t in theirs] == [o["label"] for o in ours]
+    assert [t["score"] for t in theirs] == pytest.approx([o["score"] for o in ours], abs=1e-4)
+
+    run_cli("bertflow", "export-hf", "ner", str(tmp_path / "ner"), cwd=project)
+    words = "Smith visited London in 1911".split()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "ner")
+    model = AutoModelForTokenClassification.from_pretrained(tmp_path / "ner").eval()
+    enc = tok([words], is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        best = model(**enc).logits.argmax(-1)[0]
+    first = [enc.word_ids(0).index(i) for i in range(len(words))]
+    ours = mlflow.pyfunc.load_model("models:/ner@champion").predict(pd.DataFrame({"tokens": [words]}))
+    assert [model.config.id2label[int(best[i])] for i in first] == ours[0]["tags"]
+
+    refused = run_cli("bertflow", "export-hf", "ner-span", str(tmp_path / "span"), cwd=project, check=False)
+    assert refused.returncode == 1 and "no transformers equivalent" in refused.stderr
+    assert not (tmp_path / "span").exists()
+
+
+def test_dvc_push_then_pull_in_a_fresh_clone_recomputes_nothing(project, tmp_path):
+    _commit(project, "results")
+    run_cli("dvc", "push", cwd=project)
+    clone = tmp_path / "clone"
+    run_cli("git", "clone", "-q", str(project), str(clone))
+    # The default remote is a folder inside each checkout: point the clone at the project's.
+    run_cli("dvc", "remote", "modify", "--local", "local", "url", str(project / ".dvc-storage"), cwd=clone)
+    run_cli("dvc", "pull", cwd=clone)
+    assert "up to date" in run_cli("dvc", "status", cwd=clone).stdout
+    for path in ("data/models/tasks/ner/model/model.safetensors", "data/models/encoder/model.safetensors"):
+        assert (clone / path).read_bytes() == (project / path).read_bytes()
+    statuses = _statuses(run_cli("bertflow", "run", cwd=clone).stdout)
+    assert {s for n, s in statuses.items() if n != "registry"} == {"skipped"}
+
+
+def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
+    import httpx
+
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = _env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false")
+    server = _start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)], project,
+                    env, f"{api}/health", tmp_path / "server.log")
+    # What the scheduled run should pick up: a changed NER setting.
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["finetune"]["tasks"]["ner"]["epochs"] = 6
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _commit(project, "ner: 6 epochs")
+    pushed_before = sum(1 for p in (project / ".dvc-storage").rglob("*") if p.is_file())
+    serving = None
+    try:
+        serving = subprocess.Popen(["bertflow", "serve"], cwd=project, env=env, start_new_session=True,
+                                   stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT)
+        deployment = None
+        for _ in range(120):
+            found = httpx.get(f"{api}/deployments/name/bertflow-scheduled/bertflow-nightly", timeout=5)
+            if found.status_code == 200:
+                deployment = found.json()
+                break
+            time.sleep(1)
+        assert deployment, (tmp_path / "serve.log").read_text()[-3000:]
+        assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+        run = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10).json()
+        state = None
+        for _ in range(600):
+            state = httpx.get(f"{api}/flow_runs/{run['id']}", timeout=5).json()["state"]["type"]
+            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            time.sleep(1)
+        assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-5000:]
+    finally:
+        for proc in (serving, server):
+            if proc is not None:
+                _stop(proc)
+    client = _client(project)
+    assert str(client.get_model_version_by_alias("ner", "candidate").version) == "2"
+    assert len(client.search_model_versions("name='reviews'")) == 2  # unchanged: nothing new
+    assert "up to date" in run_cli("dvc", "status", cwd=project).stdout
+    assert sum(1 for p in (project / ".dvc-storage").rglob("*") if p.is_file()) > pushed_before
