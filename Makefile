@@ -25,5 +25,6 @@ test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning
 lint: install
 	ruff check .
 
-bench: install  ## data-path throughput and memory; results in benchmarks/RESULTS.md
+bench: install  ## data path, batch prediction (needs `make run` first); results in benchmarks/RESULTS.md
 	python benchmarks/data_throughput.py
+	python benchmarks/predict_throughput.py
