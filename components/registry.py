@@ -193,7 +193,9 @@ def promote(client, name: str, version: str) -> None:
     """Make `version` the champion by hand."""
     if str(version) not in {str(v.version) for v in _versions(client, name)}:
         raise BertflowError(f"registered model {name!r} has no version {version}")
-    set_champion(client, name, str(version), "promoted by hand")
+    current = alias_version(client, name, CHAMPION)
+    if current is None or str(current.version) != str(version):  # already champion: nothing to record
+        set_champion(client, name, str(version), "promoted by hand")
 
 
 def rollback(client, name: str) -> str:

@@ -152,17 +152,25 @@ def test_nothing_changed_registers_nothing_and_a_worse_model_stays_candidate(pro
 
 
 def test_predict_streams_a_file_of_ten_thousand_lines(project, tmp_path):
+    import mlflow
+    import pandas as pd
+
     from components.inference import read_batches
 
-    lines = [json.dumps({"text": f"the film number {i} was {'great' if i % 2 else 'awful'}"})
-             for i in range(10_000)]
+    words = ["good", "great", "fine", "bad", "awful", "poor"]
+    rows = [{"text": f"the film number {i % 240} was {words[i % 6]}"} for i in range(10_000)]
+    lines = [json.dumps(row) for row in rows]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     assert [len(b) for b in read_batches(tmp_path / "in.jsonl", 4096)] == [4096, 4096, 1808]
     run_cli("bertflow", "predict", "reviews", "--file", str(tmp_path / "in.jsonl"), "--out",
             str(tmp_path / "out.jsonl"), "--batch-size", "1000", cwd=project)
     answers = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert len(answers) == 10_000
-    assert sum(a["label"] == ("pos" if i % 2 else "neg") for i, a in enumerate(answers)) >= 9_900
+    # In input order, each the answer of the whole table at once.
+    _client(project)
+    whole = mlflow.pyfunc.load_model("models:/reviews@champion").predict(pd.DataFrame(rows))
+    assert [a["text"] for a in answers] == [r["text"] for r in rows]
+    assert [a["label"] for a in answers] == [w["label"] for w in whole]
+    assert sum(a["label"] == ("pos" if i % 6 < 3 else "neg") for i, a in enumerate(answers)) >= 9_500
 
     # A bad line: the error names it, and no output file is left behind.
     (tmp_path / "bad.jsonl").write_text(lines[0] + "\n{oops\n")
@@ -273,7 +281,7 @@ def test_dvc_push_then_pull_in_a_fresh_clone_recomputes_nothing(project, tmp_pat
     _commit(project, "results")
     run_cli("dvc", "push", cwd=project)
     clone = tmp_path / "clone"
-    run_cli("git", "clone", "-q", str(project), str(clone))
+    run_cli("git", "clone", "-q", str(project), str(clone), cwd=tmp_path)
     # The default remote is a folder inside each checkout: point the clone at the project's.
     run_cli("dvc", "remote", "modify", "--local", "local", "url", str(project / ".dvc-storage"), cwd=clone)
     run_cli("dvc", "pull", cwd=clone)
@@ -298,6 +306,8 @@ def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _commit(project, "ner: 6 epochs")
     pushed_before = sum(1 for p in (project / ".dvc-storage").rglob("*") if p.is_file())
+    client = _client(project)
+    before = {t: len(client.search_model_versions(f"name='{t}'")) for t in TASKS}
     serving = None
     try:
         serving = subprocess.Popen(["bertflow", "serve"], cwd=project, env=env, start_new_session=True,
@@ -323,8 +333,8 @@ def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
         for proc in (serving, server):
             if proc is not None:
                 _stop(proc)
-    client = _client(project)
-    assert str(client.get_model_version_by_alias("ner", "candidate").version) == "2"
-    assert len(client.search_model_versions("name='reviews'")) == 2  # unchanged: nothing new
+    after = {t: len(client.search_model_versions(f"name='{t}'")) for t in TASKS}
+    assert after == {**before, "ner": before["ner"] + 1}  # only the changed task is new
+    assert str(client.get_model_version_by_alias("ner", "candidate").version) == str(after["ner"])
     assert "up to date" in run_cli("dvc", "status", cwd=project).stdout
     assert sum(1 for p in (project / ".dvc-storage").rglob("*") if p.is_file()) > pushed_before

@@ -191,7 +191,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     statuses = dict(line.split()[:2] for line in out.splitlines() if line.split()[1:2] == ["ran"])
     assert list(statuses) == [*DATA_STAGES, "pretrain", "task_data@reviews", "task_data@ner",
                               "finetune@reviews", "finetune@ner", "evaluate@reviews", "evaluate@ner",
-                              "transfer"]
+                              "transfer", "registry"]
     assert _dvc_clean(repo, "transfer")
     assert "didn't change, skipping" in run_cli("dvc", "repro", cwd=repo).stdout
     table = (repo / "metrics" / "transfer.md").read_text()
