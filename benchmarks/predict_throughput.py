@@ -90,19 +90,26 @@ def main() -> None:
     agree = sum(a == b for a, b in zip(labels["ours"], labels["hf_batched"], strict=True)) / len(texts)
     print({**median, "agreement": agree})
     lengths = [len(x.split()) for x in texts]
-    write_section(f"""{SECTION}
-
-Reproduce: `python benchmarks/predict_throughput.py --task {args.task}` ({args.threads} threads, fp32, no GPU; needs `make run` first).
-
-Model: the exported `{args.task}` classifier ({len(ours.model.encoder.blocks)} layers × {ours.model.classifier.in_features} hidden), max length {ours.max_len}. Sentences: {len(texts):,} of the task's texts ({statistics.mean(lengths):.0f} words on average, {min(lengths)}–{max(lengths)}). Median of {args.repeats} interleaved passes each; both sides agree on {agree:.1%} of the labels.
-
-| measure | ours (length-bucketed, batch {args.batch_size}) | HF `pipeline("text-classification")` default | HF pipeline, `batch_size={args.batch_size}` |
-|---|---|---|---|
-| sentences/s | {median['ours']:,.0f} | {median['hf_default']:,.0f} | {median['hf_batched']:,.0f} |
-| ours / HF (target ≥ 1.5) | | **{median['ours'] / median['hf_default']:.2f}** | **{median['ours'] / median['hf_batched']:.2f}** |
-
-The pipeline's default runs one sentence per forward pass; batched, it pads every batch to its longest sentence in input order. Ours sorts by length within chunks of 50 batches, so a batch holds sentences of similar length.
-""")
+    b = args.batch_size
+    write_section("\n".join([
+        SECTION, "",
+        f"Reproduce: `python benchmarks/predict_throughput.py --task {args.task}` ({args.threads} "
+        "threads, fp32, no GPU; needs `make run` first).", "",
+        f"Model: the exported `{args.task}` classifier ({len(ours.model.encoder.blocks)} layers × "
+        f"{ours.model.classifier.in_features} hidden), max length {ours.max_len}. Sentences: "
+        f"{len(texts):,} of the task's texts ({statistics.mean(lengths):.0f} words on average, "
+        f"{min(lengths)}–{max(lengths)}). Median of {args.repeats} interleaved passes each; both "
+        f"sides agree on {agree:.1%} of the labels.", "",
+        f"| measure | ours (length-bucketed, batch {b}) | HF `pipeline(\"text-classification\")` "
+        f"default | HF pipeline, `batch_size={b}` |",
+        "|---|---|---|---|",
+        f"| sentences/s | {median['ours']:,.0f} | {median['hf_default']:,.0f} | "
+        f"{median['hf_batched']:,.0f} |",
+        f"| ours / HF (target ≥ 1.5) | | **{median['ours'] / median['hf_default']:.2f}** | "
+        f"**{median['ours'] / median['hf_batched']:.2f}** |", "",
+        "The pipeline's default runs one sentence per forward pass; batched, it pads every batch "
+        "to its longest sentence in input order. Ours sorts by length within chunks of 50 "
+        "batches, so a batch holds sentences of similar length.", ""]))
 
 
 if __name__ == "__main__":

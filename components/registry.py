@@ -142,7 +142,8 @@ def challenge(client, name: str, version: str, metric: float) -> tuple[str, str]
         reason = f"{metric:.4f} beats version {current.version} ({best:.4f})"
         set_champion(client, name, version, reason)
         return str(version), f"new champion: {reason}"
-    return str(current.version), f"stays candidate: {metric:.4f} does not beat champion {current.version} ({best:.4f})"
+    return str(current.version), (f"stays candidate: {metric:.4f} does not beat champion "
+                                  f"{current.version} ({best:.4f})")
 
 
 def unchanged(client, name: str, sha: str) -> Registered | None:
@@ -229,7 +230,8 @@ def listing(client) -> list[dict[str, Any]]:
         champion = alias_version(client, model.name, CHAMPION)
         rows.append({"name": model.name, "versions": len(versions),
                      "latest": max((int(v.version) for v in versions), default=0),
-                     CHAMPION: str(aliases.get(CHAMPION, "-")), CANDIDATE: str(aliases.get(CANDIDATE, "-")),
+                     CHAMPION: str(aliases.get(CHAMPION, "-")),
+                     CANDIDATE: str(aliases.get(CANDIDATE, "-")),
                      "metric": champion.tags.get(METRIC_NAME, "") if champion else "",
                      "value": champion.tags.get(METRIC, "") if champion else "",
                      "history": json.loads(model.tags.get(HISTORY, "[]"))})
@@ -244,7 +246,9 @@ def resolve(client, ref: str):
     if not at:
         name, _, version = ref.partition("/")
     try:
-        return client.get_model_version_by_alias(name, alias) if at else client.get_model_version(name, version)
+        if at:
+            return client.get_model_version_by_alias(name, alias)
+        return client.get_model_version(name, version)
     except MlflowException:
         raise BertflowError(f"no model version {ref!r} in the registry "
                             f"(see `bertflow registry list`)") from None

@@ -31,7 +31,5 @@ def configure() -> None:
     # Per-fit banners (GPU/TPU available, tips): fine-tuning fits dozens of runs per pipeline.
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a deprecation inside Lightning
-    # The pyfunc model declares its input schema in the signature, not in type hints.
-    warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")  # a deprecation inside Lightning
     # Fine-tuning batches come from one in-process iterator (no workers), so its length is exact.
     warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")

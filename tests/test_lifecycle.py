@@ -83,7 +83,8 @@ def test_a_run_registers_a_champion_per_task_that_answers_raw_text(project):
         assert champion.tags["bertflow.metric_name"] == ("accuracy" if TASKS[task]["kind"] in
                                                          ("classification", "pair") else "entity_f1")
         # Lineage: the data versions are dvc.lock's, and the encoder version is the one it started from.
-        assert champion.tags[f"dvc.data/tasks/{task}"] == _lock(project, f"finetune@{task}", f"data/tasks/{task}")
+        data = f"data/tasks/{task}"
+        assert champion.tags[f"dvc.{data}"] == _lock(project, f"finetune@{task}", data)
         encoder = client.get_model_version("encoder", champion.tags["bertflow.encoder_version"])
         assert encoder.tags["dvc.data/models/encoder"] == champion.tags["dvc.data/models/encoder"]
         assert encoder.tags["dvc.data/pairs"] == _lock(project, "pretrain", "data/pairs")

@@ -66,5 +66,6 @@ def test_promote_and_rollback_walk_the_history(store, tmp_path):
     with pytest.raises(BertflowError, match="no registered model 'other'"):
         registry.rollback(client, "other")
     rows = registry.listing(client)
-    assert [(r["name"], r["versions"], r["champion"], r["candidate"]) for r in rows] == [("task", 3, "1", "3")]
+    assert [(r["name"], r["versions"], r["champion"], r["candidate"]) for r in rows] == \
+        [("task", 3, "1", "3")]
     assert json.loads(client.get_registered_model("task").tags[registry.HISTORY]) == ["1"]
