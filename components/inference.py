@@ -47,7 +47,6 @@ class TaskModel:
 
 def load_task_model(model_dir: Path) -> TaskModel:
     """Weights (safetensors), config, tokenizer and label map of an exported task model."""
-    import torch
     from safetensors.torch import load_file
 
     from components.finetune import task_model
@@ -64,8 +63,7 @@ def load_task_model(model_dir: Path) -> TaskModel:
     model = task_model(BertConfig(**info["config"]), task["kind"], space, info["crf"],
                        task["max_span_words"])
     model.load_state_dict(load_file(model_dir / "model.safetensors"))
-    model.eval()
-    torch.set_grad_enabled(False)  # inference only, in this process
+    model.eval()  # predict() runs under no_grad
     return TaskModel(task["kind"], info["labels"], space, model, load(model_dir), info["max_seq_len"],
                      task["long_text"], info["label_subwords"], task["max_span_words"],
                      task["span_decoding"], info["threshold"])

@@ -38,7 +38,9 @@ def client(cfg: TrackingConfig, root: Path):
     """An MlflowClient on the project's store."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri(cfg, root))
+    uri = tracking_uri(cfg, root)
+    # The registry too: else it follows whatever mlflow.set_registry_uri() set in this process.
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def experiment_id(cfg: TrackingConfig, root: Path) -> str:
