@@ -143,7 +143,8 @@ def stage_groups(names: list[str]) -> list[list[str]]:
 # shows each task on its own and a failing task does not stop the others of its group.
 @flow(name="bertflow", task_runner=ThreadPoolTaskRunner(max_workers=1))
 def pipeline_flow(params_path: str = "params.yaml", until: str | None = None) -> dict[str, dict]:
-    """The pipeline: every stage up to `until`, skipping what DVC finds up to date."""
+    """The pipeline: every stage up to `until`, skipping what DVC finds up to date; then the
+    registry step for the tasks evaluated (see pipeline.publish)."""
     from prefect.artifacts import create_markdown_artifact
 
     from components import tracking

@@ -22,9 +22,14 @@ def params_sha256(p: Params) -> str:
     return hashlib.sha256(json.dumps(to_dict(p), sort_keys=True).encode()).hexdigest()
 
 
-def _dvc_tags(root: Path, *stages: str) -> dict[str, str]:
+def _dvc_tags(params_path: Path, *stages: str) -> dict[str, str]:
+    """dvc.lock's hashes of the stages' data, when dvc.lock describes these outputs: that is,
+    for the project's own params.yaml (another params file runs outside DVC's bookkeeping)."""
     from pipeline import versioning
 
+    root = params_path.parent
+    if not versioning.is_dvc_project(root) or params_path != (root / "params.yaml").resolve():
+        return {}
     tags = {}
     for stage in stages:
         tags.update({f"dvc.{path}": md5 for path, md5 in versioning.lock_hashes(root, stage).items()})
@@ -57,7 +62,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
         encoder_version = None
         if (models / "encoder" / "bertflow.json").exists():
             pretrain = _stats(root / p.paths.metrics / "pretrain_stats.json")
-            tags = {**code, **_dvc_tags(root, "pretrain", "pairs", "tokenizer", "clean"),
+            tags = {**code, **_dvc_tags(params_path, "pretrain", "pairs", "tokenizer", "clean"),
                     "bertflow.mlm_accuracy": f"{pretrain.get('mlm_accuracy', float('nan')):.4f}"}
             done = registry.register_encoder(client, run, models / "encoder", tags)
             encoder_version = done.version or registry.find_version(
@@ -71,7 +76,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
                 continue
             exported = json.loads((model_dir / "bertflow.json").read_text())["run"]
             metric = stats["runs"][exported][stats["metric"]]
-            tags = {**code, **_dvc_tags(root, f"finetune@{task}", f"evaluate@{task}"),
+            tags = {**code, **_dvc_tags(params_path, f"finetune@{task}", f"evaluate@{task}"),
                     "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.run": exported,
                     "bertflow.encoder_version": str(encoder_version or "none"),
                     "bertflow.metric_mean": f"{stats['primary']['pretrained']['mean']:.6f}"}
