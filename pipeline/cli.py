@@ -21,6 +21,8 @@ ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params f
 def run(
     params: ParamsOption = Path("params.yaml"),
     until: Annotated[str | None, typer.Option(help="Stop after this stage.")] = None,
+    wait: Annotated[bool, typer.Option(help="If another run is going on here, wait for it "
+                                            "instead of refusing.")] = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.config import load_params
@@ -29,7 +31,7 @@ def run(
     plan(load_params(params), until)  # refuse bad params or a bad stage before Prefect starts
     from pipeline.flow import pipeline_flow
 
-    results = pipeline_flow(str(params), until)
+    results = pipeline_flow(str(params), until, wait)
     width = max(map(len, results), default=10)
     for name, r in results.items():
         typer.echo(f"{name:{width}s} {r['status']:8s} {r['seconds']:7.1f} s")

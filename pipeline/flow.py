@@ -142,9 +142,19 @@ def stage_groups(names: list[str]) -> list[list[str]]:
 # one dvc.lock. The per-task stages are still mapped, a task run per task, so the Prefect UI
 # shows each task on its own and a failing task does not stop the others of its group.
 @flow(name="bertflow", task_runner=ThreadPoolTaskRunner(max_workers=1))
-def pipeline_flow(params_path: str = "params.yaml", until: str | None = None) -> dict[str, dict]:
+def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
+                  wait: bool = False) -> dict[str, dict]:
     """The pipeline: every stage up to `until`, skipping what DVC finds up to date; then the
-    registry step for the tasks evaluated (see pipeline.publish)."""
+    registry step for the tasks evaluated (see pipeline.publish). One run at a time per
+    project: with another running, wait for it (`wait`) or refuse."""
+    from pipeline.lock import project_lock
+
+    with project_lock(Path(params_path).resolve().parent, wait):
+        return _pipeline(params_path, until)
+
+
+def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
+    """The body of pipeline_flow, under the project lock."""
     from prefect.artifacts import create_markdown_artifact
 
     from components import tracking

@@ -29,7 +29,7 @@ def scheduled_flow(params_path: str = "params.yaml") -> dict:
             versioning.pull(root)
         except Exception as e:  # noqa: BLE001 - the stages recompute what the remote lacks
             logger.warning("dvc pull: %s; stages whose outputs are missing will run", e)
-    results = pipeline_flow(params_path)
+    results = pipeline_flow(params_path, wait=True)  # after a run started by hand, if any
     pushed = versioning.push(root) if remote else 0
     logger.info("dvc push: %s files", pushed)
     registry = results.get("registry", {}).get("stats", {})

@@ -1,0 +1,42 @@
+"""One pipeline run at a time per project, and a killed run never leaves the project locked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import pytest
+
+from components.errors import BertflowError
+from pipeline.lock import lock_path, project_lock
+from tests.conftest import ROOT, run_cli
+
+
+def test_a_second_run_is_refused_while_the_first_holds_the_lock(dvc_project):
+    with project_lock(dvc_project):
+        with pytest.raises(BertflowError, match=f"another bertflow run \\(pid {os.getpid()}\\)"):
+            with project_lock(dvc_project):
+                pass
+        refused = run_cli("bertflow", "run", "--until", "ingest", cwd=dvc_project, check=False)
+        assert refused.returncode == 1
+        assert f"another bertflow run (pid {os.getpid()})" in refused.stderr and "--wait" in refused.stderr
+        assert not (dvc_project / "data" / "raw").exists()  # nothing ran
+
+
+def test_a_killed_holder_releases_the_lock_and_a_waiting_run_goes_on(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from pipeline.lock import project_lock\n"
+        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
+        "    print('locked', flush=True); time.sleep(600)"),
+        str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    assert lock_path(tmp_path).read_text() == str(holder.pid)
+    with pytest.raises(BertflowError):
+        with project_lock(tmp_path):
+            pass
+    holder.send_signal(signal.SIGKILL)
+    with project_lock(tmp_path, wait=True, poll_seconds=0.1):  # waits for the kill, then holds it
+        assert lock_path(tmp_path).read_text() == str(os.getpid())
+    holder.wait()
