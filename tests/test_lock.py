@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+
 import pytest
 
 from components.errors import BertflowError
