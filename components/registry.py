@@ -77,7 +77,8 @@ class Registered:
     """The outcome of registering one model."""
 
     name: str
-    version: str | None  # None: this model was registered before
+    version: str  # the version holding this model
+    new: bool  # registered now (False: an earlier version holds the same content)
     champion: str | None  # the champion version afterwards
     reason: str
 
@@ -152,7 +153,7 @@ def unchanged(client, name: str, sha: str) -> Registered | None:
     if existing is None:
         return None
     champion = alias_version(client, name, CHAMPION)
-    return Registered(name, None, str(champion.version) if champion else None,
+    return Registered(name, existing, False, str(champion.version) if champion else None,
                       f"unchanged: version {existing} holds this model")
 
 
@@ -166,9 +167,9 @@ def register(client, run, name: str, folder: Path, artifact_path: str, sha: str,
         all_tags[METRIC] = f"{metric:.6f}"
     version = str(run.register(artifact_path, name, CANDIDATE, all_tags))
     if metric is None:
-        return Registered(name, version, None, "registered")
+        return Registered(name, version, True, None, "registered")
     champion, reason = challenge(client, name, version, metric)
-    return Registered(name, version, champion, reason)
+    return Registered(name, version, True, champion, reason)
 
 
 def register_task(client, run, task: str, kind: str, model_dir: Path, example: list[dict],

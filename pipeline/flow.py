@@ -75,7 +75,7 @@ def registry_task(params_path: str, tasks: list[str], parent_run_id: str) -> dic
 
     start = time.perf_counter()
     outcome = publish(Path(params_path), tasks, parent_run_id)
-    new = {name: r["version"] for name, r in outcome.items() if r["version"] is not None}
+    new = {name: r["version"] for name, r in outcome.items() if r["new"]}
     get_run_logger().info("registry: %s", ", ".join(f"{n} v{v}" for n, v in new.items()) or "nothing new")
     return {"status": "ran" if new else "skipped", "seconds": time.perf_counter() - start,
             "stats": {"registered": len(new), **{f"{n}.version": v for n, v in new.items()}}}

@@ -65,8 +65,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             tags = {**code, **_dvc_tags(params_path, "pretrain", "pairs", "tokenizer", "clean"),
                     "bertflow.mlm_accuracy": f"{pretrain.get('mlm_accuracy', float('nan')):.4f}"}
             done = registry.register_encoder(client, run, models / "encoder", tags)
-            encoder_version = done.version or registry.find_version(
-                client, registry.ENCODER, registry.model_sha256(models / "encoder"))
+            encoder_version = done.version
             outcome[registry.ENCODER] = asdict(done)
         for task in tasks:
             model_dir = models / "tasks" / task / "model"

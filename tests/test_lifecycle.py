@@ -293,6 +293,19 @@ def test_dvc_push_then_pull_in_a_fresh_clone_recomputes_nothing(project, tmp_pat
     assert {s for n, s in statuses.items() if n != "registry"} == {"skipped"}
 
 
+def _api_post(url: str) -> dict:
+    """POST to the Prefect API; a busy server (a 5xx while its SQLite is locked) is asked again."""
+    import httpx
+
+    for _ in range(10):
+        answer = httpx.post(url, json={}, timeout=30)
+        if answer.status_code < 500:
+            break
+        time.sleep(2)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
 def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
     import httpx
 
@@ -322,7 +335,7 @@ def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
             time.sleep(1)
         assert deployment, (tmp_path / "serve.log").read_text()[-3000:]
         assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
-        run = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10).json()
+        run = _api_post(f"{api}/deployments/{deployment['id']}/create_flow_run")
         state = None
         for _ in range(600):
             state = httpx.get(f"{api}/flow_runs/{run['id']}", timeout=5).json()["state"]["type"]

@@ -31,7 +31,7 @@ def _register(store, folder, content: str, metric: float):
 def test_a_version_becomes_champion_only_by_beating_it(store, tmp_path):
     client = tracking.client(*store)
     first = _register(store, tmp_path / "a", "a", 0.80)
-    assert (first.version, first.champion) == ("1", "1")
+    assert (first.version, first.new, first.champion) == ("1", True, "1")
     worse = _register(store, tmp_path / "b", "b", 0.70)
     tie = _register(store, tmp_path / "c", "c", 0.80)
     assert (worse.champion, tie.champion) == ("1", "1") and "does not beat" in tie.reason
@@ -43,7 +43,7 @@ def test_a_version_becomes_champion_only_by_beating_it(store, tmp_path):
 
     # The same content again registers nothing.
     again = _register(store, tmp_path / "d2", "d", 0.85)
-    assert again.version is None and "version 4 holds this model" in again.reason
+    assert (again.version, again.new) == ("4", False) and "holds this model" in again.reason
     assert len(client.search_model_versions("name='task'")) == 4
 
 
