@@ -25,6 +25,7 @@ test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning
 lint: install
 	ruff check .
 
-bench: install  ## data path, batch prediction (needs `make run` first); results in benchmarks/RESULTS.md
+bench: install  ## data path; prediction and serving (need `make run` first); results in benchmarks/RESULTS.md
 	python benchmarks/data_throughput.py
 	python benchmarks/predict_throughput.py
+	python benchmarks/serve_load.py
