@@ -18,22 +18,24 @@ ARCHITECTURES = {"classification": "BertForSequenceClassification",
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def export_hf(model_dir: Path, out_dir: Path) -> dict:
-    """Write the exported task model at `model_dir` to `out_dir` in transformers' layout."""
+def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
+    """Write the exported task model at `model_dir` to `out_dir` in transformers' layout;
+    errors name the model as `name` (default: its folder)."""
     from safetensors.torch import load_file, save_file
 
     from components.model import BertConfig, BertForPretraining, hf_config, hf_state_dict
 
     model_dir = Path(model_dir)
+    name = name or str(model_dir)
     info = json.loads((model_dir / "bertflow.json").read_text())
     kind, cfg = info["task"]["kind"], BertConfig(**info["config"])
     if kind not in ARCHITECTURES:
-        raise DataError(f"{model_dir}: a {kind} model has no transformers equivalent")
+        raise DataError(f"{name}: a {kind} model has no transformers equivalent")
     if info["crf"]:
-        raise DataError(f"{model_dir}: a token model with a CRF has no transformers equivalent "
+        raise DataError(f"{name}: a token model with a CRF has no transformers equivalent "
                         "(its decoding is not a per-token argmax)")
     if cfg.norm != "post":
-        raise DataError(f"{model_dir}: a pre-norm encoder has no transformers BERT equivalent")
+        raise DataError(f"{name}: a pre-norm encoder has no transformers BERT equivalent")
     ours = load_file(model_dir / "model.safetensors")
     # Our encoder (and pooler) go through a pretraining model to get transformers' names.
     shell = BertForPretraining(cfg)

@@ -174,7 +174,7 @@ def export_hf(
     uri = f"models:/{task}@{ref}" if not ref.isdigit() else f"models:/{task}/{ref}"
     with tempfile.TemporaryDirectory(prefix="bertflow-hf-") as tmp:
         local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=tmp))
-        info = convert(local / "artifacts" / "model", out)
+        info = convert(local / "artifacts" / "model", out, name=uri)
     typer.echo(f"{out}: {info['architecture']} with {info['labels']} labels "
                "(load with transformers' from_pretrained)")
 
