@@ -52,7 +52,7 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
     with atomic_dir(out_dir) as tmp:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         write_json(tmp / "config.json", config)
-        for name in TOKENIZER_FILES:
-            if (model_dir / name).exists():
-                shutil.copy(model_dir / name, tmp / name)
+        for file in TOKENIZER_FILES:
+            if (model_dir / file).exists():
+                shutil.copy(model_dir / file, tmp / file)
     return {"kind": kind, "architecture": ARCHITECTURES[kind], "labels": len(id2label)}

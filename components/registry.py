@@ -223,14 +223,12 @@ def _checked(client, name: str) -> str:
 
 
 def listing(client) -> list[dict[str, Any]]:
-    """Every registered model with its champion, candidate and newest version."""
+    """Every registered model: its number of versions, champion (and metric), candidate, history."""
     rows = []
     for model in client.search_registered_models():
-        versions = _versions(client, model.name)
         aliases = client.get_registered_model(model.name).aliases  # {alias: version}
         champion = alias_version(client, model.name, CHAMPION)
-        rows.append({"name": model.name, "versions": len(versions),
-                     "latest": max((int(v.version) for v in versions), default=0),
+        rows.append({"name": model.name, "versions": len(_versions(client, model.name)),
                      CHAMPION: str(aliases.get(CHAMPION, "-")),
                      CANDIDATE: str(aliases.get(CANDIDATE, "-")),
                      "metric": champion.tags.get(METRIC_NAME, "") if champion else "",

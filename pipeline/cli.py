@@ -61,10 +61,11 @@ def _client(params: Path):
     from components.config import load_params
 
     params = params.resolve()
-    uri = tracking.tracking_uri(load_params(params).tracking, params.parent)
+    cfg = load_params(params).tracking
+    uri = tracking.tracking_uri(cfg, params.parent)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return tracking.client(load_params(params).tracking, params.parent)
+    return tracking.client(cfg, params.parent)
 
 
 @registry_app.command("list")

@@ -163,7 +163,7 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     path = Path(params_path).resolve()
     root = path.parent
     p = load_params(path)
-    tracked = versioning.is_dvc_project(root) and path == (root / "params.yaml").resolve()
+    tracked = versioning.tracks(path)
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from components.config import Params, load_params, to_dict
+from components.io import read_json
 
 log = logging.getLogger(__name__)
 
@@ -23,17 +24,12 @@ def params_sha256(p: Params) -> str:
 
 
 def _dvc_tags(params_path: Path, *stages: str) -> dict[str, str]:
-    """dvc.lock's hashes of the stages' data, when dvc.lock describes these outputs: that is,
-    for the project's own params.yaml (another params file runs outside DVC's bookkeeping)."""
+    """dvc.lock's hashes of the stages' data, when dvc.lock describes these outputs."""
     from pipeline import versioning
 
-    root = params_path.parent
-    if not versioning.is_dvc_project(root) or params_path != (root / "params.yaml").resolve():
+    if not versioning.tracks(params_path):
         return {}
-    tags = {}
-    for stage in stages:
-        tags.update({f"dvc.{path}": md5 for path, md5 in versioning.lock_hashes(root, stage).items()})
-    return tags
+    return {f"dvc.{path}": md5 for path, md5 in versioning.lock_hashes(params_path.parent, *stages).items()}
 
 
 def _example(task_dir: Path, kind: str, rows: int = 3) -> list[dict]:
@@ -73,7 +69,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             if not stats or not (model_dir / "bertflow.json").exists():
                 log.info("registry: %s has no evaluated model yet, not registered", task)
                 continue
-            exported = json.loads((model_dir / "bertflow.json").read_text())["run"]
+            exported = read_json(model_dir / "bertflow.json")["run"]
             metric = stats["runs"][exported][stats["metric"]]
             tags = {**code, **_dvc_tags(params_path, f"finetune@{task}", f"evaluate@{task}"),
                     "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.run": exported,
@@ -89,4 +85,4 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
 
 
 def _stats(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json(path) if path.exists() else {}

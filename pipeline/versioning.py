@@ -57,17 +57,26 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
     return tags
 
 
-def lock_hashes(root: Path, stage: str) -> dict[str, str]:
-    """{path: md5} of the data deps and outs dvc.lock records for `stage` (code deps left out);
-    empty without a dvc.lock entry."""
+def tracks(params_path: Path) -> bool:
+    """Whether DVC keeps the books of a run with this params file: the params.yaml of a DVC
+    project (another params file runs every stage, outside dvc.lock)."""
+    params_path = Path(params_path).resolve()
+    root = params_path.parent
+    return is_dvc_project(root) and params_path == (root / "params.yaml").resolve()
+
+
+def lock_hashes(root: Path, *stages: str) -> dict[str, str]:
+    """{path: md5} of the data deps and outs dvc.lock records for `stages` (code deps left out);
+    empty without a dvc.lock."""
     import yaml
 
     lock = root / "dvc.lock"
     if not lock.exists():
         return {}
-    entry = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage, {})
-    return {d["path"]: d["md5"] for d in [*entry.get("deps", []), *entry.get("outs", [])]
-            if "md5" in d and not d["path"].endswith(".py")}
+    recorded = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    entries = [d for stage in stages for key in ("deps", "outs")
+               for d in recorded.get(stage, {}).get(key, [])]
+    return {d["path"]: d["md5"] for d in entries if "md5" in d and not d["path"].endswith(".py")}
 
 
 def has_remote(root: Path) -> bool:
