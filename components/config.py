@@ -281,6 +281,8 @@ class PretrainConfig:
     """Lightning strategy: auto, ddp, fsdp, ..."""
     seed: int = 42
     """Seed for initialisation, masking and data order."""
+    deterministic: bool = False
+    """Deterministic kernels only: bit-exact GPU reruns, slower (CPU runs repeat exactly anyway)."""
 
 
 @dataclass
@@ -359,6 +361,8 @@ class FinetuneConfig:
     """Span tasks: calibrate a score threshold on the validation split (best F1)."""
     workers: int = 0
     """Runs trained at once in separate processes; 0: one per CPU core on CPU, one on a GPU."""
+    deterministic: bool = False
+    """Deterministic kernels only: bit-exact GPU reruns, slower (CPU runs repeat exactly anyway)."""
 
 
 @dataclass

@@ -38,6 +38,7 @@ from components.errors import DataError
 from components.io import SPLITS, atomic_dir, concat_shards, list_shards, shard_name
 from components.packages import ensure_package
 from components.parallel import ShardExecutor
+from components.progress import bar
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +236,9 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
             size = 0
 
         for source in cfg.sources:
-            for local_id, text in iter_source(source, root, packages_dir, stats,
-                                              cfg.fallback_encoding):
+            for local_id, text in bar(iter_source(source, root, packages_dir, stats,
+                                                  cfg.fallback_encoding),
+                                      f"ingest {source.name}", source.max_documents or None, "doc"):
                 if source.max_documents and stats.documents[source.name] >= source.max_documents:
                     break
                 where = f"{source.name}:{local_id}"
@@ -460,7 +462,7 @@ def clean(cfg: CleanConfig, executor: ExecutorConfig, raw_dir: Path, out_dir: Pa
         stage1 = tmp / ".cleaned"
         stage1.mkdir()
         tasks = [_ShardTask(cfg, src, stage1 / src.name) for src in shards]
-        results = ex.map(_clean_shard, tasks)
+        results = ex.map(_clean_shard, tasks, "clean")
         for r in results:
             counts.update(r.counts)
         drop = _dedup(results, cfg, counts)
@@ -498,7 +500,8 @@ def clean(cfg: CleanConfig, executor: ExecutorConfig, raw_dir: Path, out_dir: Pa
                             f"({_summary(counts)})")
         if counts["documents_heldout"] == 0:
             raise DataError(f"clean: the held-out split is empty ({counts['documents_train']} "
-                            f"documents kept; at least 2 are needed, and clean.heldout_fraction > 0)")
+                            f"documents kept; at least 2 are needed, and clean.heldout_fraction > 0) "
+                            f"after cleaning {raw_dir} ({_summary(counts)})")
     counts["documents_out"] = counts["documents_train"] + counts["documents_heldout"]
     counts["sentences_out"] = sentences_out
     return _nest(counts)

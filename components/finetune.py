@@ -34,6 +34,7 @@ from components.errors import DataError
 from components.io import atomic_dir, write_json
 from components.model import IGNORE, BertConfig, BertForPretraining, build_model, load_hf_state_dict
 from components.pretrain import mix, resolve_precision
+from components.progress import bar
 
 log = logging.getLogger(__name__)
 NULL = "NULL"  # span label of a span that is no entity
@@ -360,17 +361,48 @@ def pretrained_config(encoder_dir: Path) -> BertConfig:
     return BertConfig(**info["config"])
 
 
-def load_encoder_weights(model, encoder_dir: Path, cfg: BertConfig) -> None:
-    """Copy the pretrained encoder (and pooler, for classification) into a task model."""
+def model_tokenizer(model_dir: Path, cfg: BertConfig):
+    """The tokenizer saved with a model, checked against the model: a tokenizer from another
+    training would index the wrong embeddings (or past the end of them) without a word."""
+    from components.tokenizer import PAD, load
+
+    tokenizer = load(model_dir)
+    size, pad = tokenizer.get_vocab_size(), tokenizer.token_to_id(PAD)
+    if size != cfg.vocab_size or pad != cfg.pad_id:
+        raise DataError(f"{model_dir}: the tokenizer does not match the model: {size} tokens "
+                        f"({PAD} = {pad}) against a vocabulary of {cfg.vocab_size} "
+                        f"({PAD} = {cfg.pad_id}); the two were not trained together")
+    return tokenizer
+
+
+def read_weights(path: Path) -> dict:
+    """A safetensors file's tensors (safetensors: loading can't run code), or a clear error."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    state = load_file(Path(encoder_dir) / "model.safetensors")
+    if not Path(path).exists():
+        raise DataError(f"{path}: missing; the model folder is incomplete")
+    try:
+        return load_file(path)
+    except SafetensorError as e:
+        raise DataError(f"{path}: not readable as safetensors ({e}); the file is damaged") from None
+
+
+def pretraining_model(encoder_dir: Path, cfg: BertConfig) -> BertForPretraining:
+    """The exported encoder with its pretraining heads (MLM, NSP), weights loaded."""
+    state = read_weights(Path(encoder_dir) / "model.safetensors")
     pretrained = BertForPretraining(cfg)
     if (Path(encoder_dir) / "config.json").exists():  # post-norm: transformers' names
         load_hf_state_dict(pretrained, state)
     else:
         state["mlm.decoder.weight"] = state["encoder.embeddings.word.weight"]
         pretrained.load_state_dict(state)
+    return pretrained
+
+
+def load_encoder_weights(model, encoder_dir: Path, cfg: BertConfig) -> None:
+    """Copy the pretrained encoder (and pooler, for classification) into a task model."""
+    pretrained = pretraining_model(encoder_dir, cfg)
     model.encoder.load_state_dict(pretrained.encoder.state_dict())
     if hasattr(model, "pooler"):
         model.pooler.load_state_dict(pretrained.pooler.state_dict())
@@ -471,6 +503,7 @@ def train_run(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir:
         accelerator="auto", devices=1, precision=resolve_precision("auto"), max_epochs=spec.epochs,
         val_check_interval=interval, num_sanity_val_steps=0, limit_val_batches=1,
         gradient_clip_val=1.0, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        deterministic=cfg.deterministic,
         callbacks=[best, EarlyStopping("val/metric", mode="max", patience=cfg.patience)],
     )
     trainer.fit(module, train_dataloaders=DataLoader(data, batch_size=None),
@@ -501,7 +534,6 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     """Every run of one task (pretrained and, with `baseline`, from scratch, for each seed):
     test predictions and validation curves per run, and the exported first pretrained run."""
     from components.tasks import read_meta, read_split
-    from components.tokenizer import load
 
     if not (Path(encoder_dir) / "bertflow.json").exists():
         raise DataError(f"{encoder_dir}: no pretrained encoder; run the pretrain stage first")
@@ -509,7 +541,8 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     if meta["kind"] != task.kind:
         raise DataError(f"{task_dir}: holds {meta['kind']} data, but task {name} is {task.kind}")
     bert = pretrained_config(encoder_dir)
-    tokenizer = load(encoder_dir)
+    tokenizer = model_tokenizer(encoder_dir, bert)
+    read_weights(Path(encoder_dir) / "model.safetensors")  # fail now, not in every run's process
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
@@ -524,7 +557,8 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
                           splits["valid"], max_len)
         workers = run_workers(cfg.workers, len(runs))
         if workers == 1:
-            summaries = [train_and_predict(shared, init, seed) for init, seed in runs]
+            summaries = [train_and_predict(shared, init, seed)
+                         for init, seed in bar(runs, f"finetune {name}", len(runs), "run")]
         else:
             summaries = _in_processes(shared, runs, workers)
         for summary in summaries:
@@ -555,7 +589,7 @@ def _in_processes(shared: TaskRuns, runs: list[tuple[str, int]], workers: int) -
     # Spawned, not forked: the parent's torch and tokenizers thread pools don't survive fork.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init, initargs=(shared, threads)) as pool:
-        return list(pool.map(_worker_run, runs))
+        return list(bar(pool.map(_worker_run, runs), f"finetune {shared.name}", len(runs), "run"))
 
 
 _SHARED: TaskRuns | None = None  # a worker process's copy of the task's data

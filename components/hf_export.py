@@ -21,8 +21,9 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "spec
 def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
     """Write the exported task model at `model_dir` to `out_dir` in transformers' layout;
     errors name the model as `name` (default: its folder)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
+    from components.finetune import read_weights
     from components.model import BertConfig, BertForPretraining, hf_config, hf_state_dict
 
     model_dir = Path(model_dir)
@@ -36,7 +37,7 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
                         "(its decoding is not a per-token argmax)")
     if cfg.norm != "post":
         raise DataError(f"{name}: a pre-norm encoder has no transformers BERT equivalent")
-    ours = load_file(model_dir / "model.safetensors")
+    ours = read_weights(model_dir / "model.safetensors")
     # Our encoder (and pooler) go through a pretraining model to get transformers' names.
     shell = BertForPretraining(cfg)
     for part in ("encoder", "pooler"):

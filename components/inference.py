@@ -47,11 +47,8 @@ class TaskModel:
 
 def load_task_model(model_dir: Path) -> TaskModel:
     """Weights (safetensors), config, tokenizer and label map of an exported task model."""
-    from safetensors.torch import load_file
-
-    from components.finetune import task_model
+    from components.finetune import model_tokenizer, read_weights, task_model
     from components.model import BertConfig
-    from components.tokenizer import load
 
     model_dir = Path(model_dir)
     info_path = model_dir / "bertflow.json"
@@ -60,13 +57,13 @@ def load_task_model(model_dir: Path) -> TaskModel:
     info = json.loads(info_path.read_text())
     task = info["task"]
     space = [info["id2label"][str(i)] for i in range(len(info["id2label"]))]
-    model = task_model(BertConfig(**info["config"]), task["kind"], space, info["crf"],
-                       task["max_span_words"])
-    model.load_state_dict(load_file(model_dir / "model.safetensors"))
+    bert = BertConfig(**info["config"])
+    model = task_model(bert, task["kind"], space, info["crf"], task["max_span_words"])
+    model.load_state_dict(read_weights(model_dir / "model.safetensors"))
     model.eval()  # predict() runs under no_grad
-    return TaskModel(task["kind"], info["labels"], space, model, load(model_dir), info["max_seq_len"],
-                     task["long_text"], info["label_subwords"], task["max_span_words"],
-                     task["span_decoding"], info["threshold"])
+    return TaskModel(task["kind"], info["labels"], space, model, model_tokenizer(model_dir, bert),
+                     info["max_seq_len"], task["long_text"], info["label_subwords"],
+                     task["max_span_words"], task["span_decoding"], info["threshold"])
 
 
 def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:

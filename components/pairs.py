@@ -281,7 +281,7 @@ def make_pairs(cfg: PairsConfig, executor: ExecutorConfig, clean_dir: Path, toke
                       for src in list_shards(Path(clean_dir) / split)]
         if not tasks:
             raise DataError(f"pairs: no shards in {clean_dir}; run the clean stage first")
-        results = ex.map(_pairs_shard, tasks)
+        results = ex.map(_pairs_shard, tasks, "pairs")
         for split in SPLITS:
             counts: Counter = Counter()
             for task, result in zip(tasks, results, strict=True):

@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from components.config import ExecutorConfig
+from components.progress import bar
 
 
 class ShardExecutor:
@@ -37,11 +38,12 @@ class ShardExecutor:
         """Local worker processes this executor uses."""
         return self.cfg.workers or os.cpu_count() or 1
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """Apply `fn` to every item (in parallel where configured) and return results in order."""
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], desc: str = "shards") -> list[Any]:
+        """Apply `fn` to every item (in parallel where configured) and return results in order;
+        `desc` labels the progress bar (see components.progress)."""
         if self.cfg.kind == "serial" or (self.cfg.kind == "processes" and
                                          (self.workers == 1 or len(items) <= 1)):
-            return [fn(item) for item in items]
+            return [fn(item) for item in bar(items, desc, len(items), "shard")]
         if self.cfg.kind == "dask":
             if self._client is None:
                 from dask.distributed import Client  # heavy; only when a cluster is asked for
@@ -52,4 +54,4 @@ class ShardExecutor:
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=multiprocessing.get_context("spawn")
             )
-        return list(self._pool.map(fn, items))
+        return list(bar(self._pool.map(fn, items), desc, len(items), "shard"))

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from components import progress
 from components.config import ModelConfig, PretrainConfig
 from components.errors import ConfigError, DataError
 from components.io import atomic_dir, atomic_file, list_shards, write_json
@@ -346,6 +346,33 @@ def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path,
     return h.hexdigest()
 
 
+def checked_checkpoint(path: Path) -> Path:
+    """`path` if it is a checkpoint this code can resume from, safely: else a clear error.
+
+    Checkpoints live in the project's own work folder, keyed by the run's fingerprint; one that
+    does not load as weights only (damaged, or holding pickled objects) is refused, not run.
+    """
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" not in str(e):  # torch names the class it refused: else the file is damaged
+            raise DataError(f"pretrain: cannot resume from {path}, it is damaged (not a torch "
+                            f"checkpoint); delete it to start pretraining over") from None
+        raise DataError(f"pretrain: refusing to resume from {path}: it holds pickled objects "
+                        f"beyond weights, which could run code when loaded; delete it to start "
+                        f"pretraining over") from None
+    except Exception as e:  # noqa: BLE001 - damaged in any way means the same to the user
+        raise DataError(f"pretrain: cannot resume from {path}, it is damaged ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0]}); delete it to start pretraining over") from None
+    if not isinstance(state, dict) or "state_dict" not in state or "bertflow" not in state:
+        raise DataError(f"pretrain: {path} is not a checkpoint of this pipeline's pretraining; "
+                        f"delete it to start pretraining over")
+    log.info("pretrain: resuming from %s (step %s)", path, state.get("global_step"))
+    return path
+
+
 def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
              out_dir: Path, work_dir: Path, mlflow_run: tuple[str, str] | None = None) -> dict:
     """Train, resuming from `work_dir`'s last checkpoint of the same run, and export to `out_dir`.
@@ -363,9 +390,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     bert = bert_config(model, vocab_size, cfg)
     ckpt_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir)
     last = ckpt_dir / "last.ckpt"
-    resume = last if last.exists() else None
-    if resume:
-        log.info("pretrain: resuming from %s", resume)
+    resume = checked_checkpoint(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     module = _lightning_module(bert, cfg)
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
@@ -394,7 +419,8 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.checkpoint_every_steps,
                                    save_last=True, save_top_k=0),
                    *([LearningRateMonitor("step")] if loggers else [])],
-        enable_progress_bar=_progress_bar(), enable_model_summary=False, deterministic=False,
+        enable_progress_bar=progress.enabled(), enable_model_summary=False,
+        deterministic=cfg.deterministic,
     )
 
     class Data(L.LightningDataModule):
@@ -415,7 +441,9 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
                               batch_size=None)
 
     start = time.perf_counter()
-    trainer.fit(module, datamodule=Data(), ckpt_path=str(resume) if resume else None)
+    # weights_only: tensors and plain containers; a checkpoint can't run code when it is read.
+    trainer.fit(module, datamodule=Data(), ckpt_path=str(resume) if resume else None,
+                weights_only=True)
     minutes = (time.perf_counter() - start) / 60
     if trainer.global_step % cfg.val_every_steps:  # the final evaluation, if not just done
         trainer.validate(module, datamodule=Data(), verbose=False)
@@ -509,7 +537,4 @@ def _devices(devices: str) -> int | str:
     return int(devices) if devices.isdigit() else devices
 
 
-def _progress_bar() -> bool:
-    """Progress bars for people at a terminal; none in CI or in logs."""
-    return os.environ.get("CI", "").lower() not in ("1", "true") and os.isatty(2)
 

@@ -24,6 +24,7 @@ CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY = "bertflow.champions"  # registered-model tag: JSON list of champion versions, oldest first
 SHA = "bertflow.model_sha256"  # version tag: what was registered (a second run registers nothing)
 METRIC, METRIC_NAME = "bertflow.metric", "bertflow.metric_name"
+DECIDED = "bertflow.decision"  # version tag: the outcome of its challenge, set last
 ENCODER = "encoder"
 # What the pyfunc model needs at run time (the rest of the project is not imported by it).
 RUNTIME = ("torch", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow", "pyyaml", "mlflow")
@@ -137,21 +138,33 @@ def challenge(client, name: str, version: str, metric: float) -> tuple[str, str]
     current = alias_version(client, name, CHAMPION)
     if current is None:
         set_champion(client, name, version, f"first model ({metric:.4f})")
-        return str(version), "first champion"
-    best = float(current.tags.get(METRIC, "-inf"))
-    if metric > best:
-        reason = f"{metric:.4f} beats version {current.version} ({best:.4f})"
-        set_champion(client, name, version, reason)
-        return str(version), f"new champion: {reason}"
-    return str(current.version), (f"stays candidate: {metric:.4f} does not beat champion "
-                                  f"{current.version} ({best:.4f})")
+        champion, reason = str(version), "first champion"
+    elif metric > (best := float(current.tags.get(METRIC, "-inf"))):
+        why = f"{metric:.4f} beats version {current.version} ({best:.4f})"
+        set_champion(client, name, version, why)
+        champion, reason = str(version), f"new champion: {why}"
+    else:
+        champion, reason = str(current.version), (f"stays candidate: {metric:.4f} does not beat "
+                                                  f"champion {current.version} ({best:.4f})")
+    client.set_model_version_tag(name, version, DECIDED, reason)
+    return champion, reason
 
 
 def unchanged(client, name: str, sha: str) -> Registered | None:
-    """The outcome when a version of `name` already holds the model with this content hash."""
+    """The outcome when a version of `name` already holds the model with this content hash.
+
+    A version registered by an attempt that stopped before its challenge (killed, or a lost
+    connection that Prefect retries) is finished now: made candidate and let challenge.
+    """
     existing = find_version(client, name, sha)
     if existing is None:
         return None
+    tags = client.get_model_version(name, existing).tags
+    if METRIC in tags and DECIDED not in tags:
+        if existing == str(max(int(v.version) for v in _versions(client, name))):
+            client.set_registered_model_alias(name, CANDIDATE, existing)
+        champion, reason = challenge(client, name, existing, float(tags[METRIC]))
+        return Registered(name, existing, False, champion, f"finished an interrupted registration: {reason}")
     champion = alias_version(client, name, CHAMPION)
     return Registered(name, existing, False, str(champion.version) if champion else None,
                       f"unchanged: version {existing} holds this model")

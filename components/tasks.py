@@ -221,8 +221,12 @@ def _read_text(path: Path) -> str:
 
 def _load_user(path: Path, ctx: _Ctx) -> dict[str, list[Example]]:
     """A single file (split by the seed) or a folder of train/valid(dev)/test files."""
+    # Recorded relative to the project: the stats are committed, and clones live anywhere.
+    def shown(p: Path) -> str:
+        return str(p.relative_to(ctx.root)) if p.is_relative_to(ctx.root) else str(p)
+
     if path.is_file():
-        ctx.source = f"file {path}"
+        ctx.source = f"file {shown(path)}"
         return _split_all(_read_user_file(path, ctx), ctx)
     files: dict[str, Path] = {}
     for p in sorted(path.iterdir()):
@@ -237,7 +241,7 @@ def _load_user(path: Path, ctx: _Ctx) -> dict[str, list[Example]]:
         present = sorted(p.name for p in path.iterdir())
         raise DataError(f"{path}: no train file (train.csv, train.jsonl, train.parquet; CoNLL: "
                         f"train.txt ...); the folder holds {present}")
-    ctx.source = "folder " + ", ".join(str(files[s]) for s in SPLIT_NAMES if s in files)
+    ctx.source = "folder " + ", ".join(shown(files[s]) for s in SPLIT_NAMES if s in files)
     ctx.files = dict(files)
     splits = {s: _read_user_file(p, ctx) for s, p in files.items()}
     missing = [s for s in SPLIT_NAMES if s not in files]

@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from components import progress
 from components.config import TokenizerConfig
 from components.errors import DataError
 from components.io import atomic_dir, iter_rows, list_shards
@@ -40,14 +41,14 @@ def build(cfg: TokenizerConfig):
         trainer = trainers.WordPieceTrainer(
             vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
             special_tokens=SPECIAL_TOKENS, limit_alphabet=cfg.limit_alphabet,
-            continuing_subword_prefix="##", show_progress=False,
+            continuing_subword_prefix="##", show_progress=progress.enabled(),
         )
     else:
         tok = Tokenizer(models.BPE(unk_token=UNK, continuing_subword_prefix="##"))
         trainer = trainers.BpeTrainer(
             vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
             special_tokens=SPECIAL_TOKENS, limit_alphabet=cfg.limit_alphabet,
-            continuing_subword_prefix="##", show_progress=False,
+            continuing_subword_prefix="##", show_progress=progress.enabled(),
         )
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=cfg.lowercase,

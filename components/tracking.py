@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from components.config import TrackingConfig, flatten
+from components.redact import redact
 
 PARENT_TAG = "mlflow.parentRunId"
+KEY_TAG = "bertflow.run_key"  # who owns the run: retries of one Prefect task run share it
+ATTEMPTS_TAG = "bertflow.attempts"
+ERROR_TAG = "bertflow.error"
 _MAX_PARAM = 6000  # MLflow's limit on a param value
 
 
@@ -28,7 +32,8 @@ def tracking_uri(cfg: TrackingConfig, root: Path) -> str:
     return cfg.uri
 
 
-def _artifact_location(cfg: TrackingConfig, root: Path) -> str:
+def artifact_location(cfg: TrackingConfig, root: Path) -> str:
+    """Where new experiments keep artifacts: a URI, or a folder of the project as a file URI."""
     if "://" in cfg.artifacts:
         return cfg.artifacts
     return (root / cfg.artifacts).resolve().as_uri()
@@ -51,7 +56,7 @@ def experiment_id(cfg: TrackingConfig, root: Path) -> str:
         return exp.experiment_id
     try:
         return c.create_experiment(cfg.experiment,
-                                   artifact_location=_artifact_location(cfg, root))
+                                   artifact_location=artifact_location(cfg, root))
     except Exception:  # another process created it first
         exp = c.get_experiment_by_name(cfg.experiment)
         if exp is None:
@@ -72,7 +77,7 @@ class Run:
         """Log (nested) params flattened to dotted keys."""
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:_MAX_PARAM]) for k, v in sorted(flatten(params).items())]
+        items = [Param(k, redact(str(v))[:_MAX_PARAM]) for k, v in sorted(flatten(params).items())]
         for start in range(0, len(items), 100):  # MLflow's batch limit for params
             self.client.log_batch(self.run_id, params=items[start:start + 100])
 
@@ -95,7 +100,8 @@ class Run:
         """Set tags (values as strings)."""
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(_metric_key(k), str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(_metric_key(k), redact(str(v)))
+                                                 for k, v in tags.items()])
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         """Upload a file or a whole folder."""
@@ -127,18 +133,35 @@ def _metric_key(key: str) -> str:
 
 @contextlib.contextmanager
 def run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str | None = None,
-        tags: dict[str, Any] | None = None) -> Iterator[Run]:
-    """Open a run (nested under `parent_run_id` if given); FINISHED on success, FAILED on error."""
+        tags: dict[str, Any] | None = None, key: str | None = None) -> Iterator[Run]:
+    """Open a run (nested under `parent_run_id` if given); FINISHED on success, FAILED on error.
+
+    `key` names the attempt's owner (a Prefect task run): a retry with the same key reopens
+    the run its first attempt made instead of adding one; the tag `bertflow.attempts` counts.
+    """
     c = client(cfg, root)
-    all_tags = {k: str(v) for k, v in (tags or {}).items()}
+    all_tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
-    created = c.create_run(experiment_id(cfg, root), run_name=name, tags=all_tags)
-    handle = Run(c, created.info.run_id, tracking_uri(cfg, root))
+    exp = experiment_id(cfg, root)
+    earlier = c.search_runs([exp], f"tags.`{KEY_TAG}` = '{key}'", max_results=1) if key else []
+    if earlier:
+        run_id, previous = earlier[0].info.run_id, earlier[0].data.tags
+        attempts = int(previous.get(ATTEMPTS_TAG, "1")) + 1
+        c.update_run(run_id, status="RUNNING")
+        if ERROR_TAG in previous:  # kept, under another name, as why it was retried
+            all_tags["bertflow.retried_after"] = previous[ERROR_TAG]
+            c.delete_tag(run_id, ERROR_TAG)
+    else:
+        key_tag = {KEY_TAG: key} if key else {}
+        run_id = c.create_run(exp, run_name=name, tags={**all_tags, **key_tag}).info.run_id
+        attempts = 1
+    handle = Run(c, run_id, tracking_uri(cfg, root))
+    handle.set_tags({**all_tags, ATTEMPTS_TAG: attempts})
     try:
         yield handle
     except BaseException as e:
-        handle.set_tags({"bertflow.error": f"{type(e).__name__}: {e}"[:5000]})
+        handle.set_tags({ERROR_TAG: f"{type(e).__name__}: {e}"[:5000]})
         c.set_terminated(handle.run_id, "FAILED")
         raise
     c.set_terminated(handle.run_id, "FINISHED")

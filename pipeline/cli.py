@@ -134,6 +134,7 @@ def predict(
     from components.errors import ConfigError
     from components.inference import read_batches
     from components.io import atomic_file
+    from components.progress import bar
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
@@ -152,7 +153,7 @@ def predict(
             sink = sys.stdout
         else:  # written whole or not at all
             sink = stack.enter_context(stack.enter_context(atomic_file(out)).open("w", encoding="utf-8"))
-        for rows in batches:
+        for rows in bar(batches, f"predict {task}", unit="batch"):
             for row, answer in zip(rows, pyfunc.predict(pd.DataFrame(rows)), strict=True):
                 sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
 
@@ -188,24 +189,79 @@ def serve(params: ParamsOption = Path("params.yaml")) -> None:
     serve_schedule(params)
 
 
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="The HTML file to write.")] = Path("report.html"),
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """One self-contained HTML report of the latest run: data stats per stage, pretraining
+    curves, per-task metrics and plots, the transfer table, the registry (works offline)."""
+    from datetime import UTC, datetime
+
+    from components.config import load_params
+    from components.io import atomic_file
+    from components.registry import listing
+    from components.report import build_report
+    from components.tracking import git_state
+    from pipeline.publish import params_sha256
+
+    root, p = params.resolve().parent, load_params(params)
+    header = {"project": str(root), "git commit": git_state(root).get("git.commit", "unknown"),
+              "params sha256": params_sha256(p),
+              "written": datetime.now(UTC).isoformat(timespec="seconds")}
+    page = build_report(root / p.paths.metrics, f"bertflow report: {root.name}",
+                        listing(_client(params)), header)
+    with atomic_file(out) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    typer.echo(f"{out}: {len(page) / 1e6:.1f} MB, open it in any browser (no network needed)")
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="The port.")] = 5000,
+    host: Annotated[str, typer.Option(help="The interface (loopback: this machine only).")] = "127.0.0.1",
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """The MLflow UI on the project's runs and registry (and how to start Prefect's); Ctrl-C stops it."""
+    from pipeline.ui import serve_ui
+
+    sys.exit(serve_ui(params, host, port))
+
+
+def _register_explore_commands() -> None:
+    from pipeline.cli_explore import COMMANDS
+
+    for name, command in COMMANDS.items():
+        app.command(name)(command)
+
+
+_register_explore_commands()
+
+
 def main() -> None:
-    """Console entry point: bad params or data end in one clear line and exit code 1."""
+    """Console entry point: bad params or data end in one clear line and exit code 1; anything
+    else in its traceback. Secrets are masked in both, as in every log line."""
+    import traceback
+
+    from components.redact import redact
     from pipeline import env
 
     env.configure()
+
+    def fail(message: str) -> None:
+        typer.echo(redact(message), err=True)
+        sys.exit(1)
+
     try:
         app()
     except BertflowError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        fail(f"error: {e}")
     except OSError as e:  # disk full, permission denied, a path that is not there
-        typer.echo(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), err=True)
-        sys.exit(1)
+        fail(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "))
     except Exception as e:
-        if not type(e).__module__.startswith("pyarrow"):  # a corrupt Parquet file, say
-            raise
-        typer.echo(f"error: unreadable data: {e}", err=True)
-        sys.exit(1)
+        if type(e).__module__.startswith("pyarrow"):  # a corrupt Parquet file, say
+            fail(f"error: unreadable data: {e}")
+        fail("".join(traceback.format_exception(e)).rstrip())  # a bug, or a service failing
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import logging
 import os
 import warnings
 
+from components.redact import install_log_redaction
+
 DEFAULTS = {
     "DVC_NO_ANALYTICS": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -20,10 +22,11 @@ DEFAULTS = {
 
 
 def configure() -> None:
-    """Apply DEFAULTS to os.environ and set up plain logging; called once by the CLI."""
+    """Apply DEFAULTS to os.environ and set up plain, redacted logging; called once by the CLI."""
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # no credentials or tokens in any log line
     for noisy in ("great_expectations", "alembic", "urllib3", "httpx", "dvc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # Lightning prints through its own handler; without this every line appears twice.

@@ -17,9 +17,11 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.config import flatten, load_params
 from components.errors import BertflowError
+from components.redact import masks_errors
 from pipeline import versioning
 from pipeline.stages import (
     PARENT_RUN_ENV,
+    RUN_KEY_ENV,
     metrics_file,
     plan,
     record_skipped,
@@ -49,8 +51,11 @@ def _retry_transient(task, task_run, state) -> bool:
 
 
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
+@masks_errors
 def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -> dict:
     """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip."""
+    from prefect.runtime import task_run
+
     logger = get_run_logger()
     root = Path(params_path).parent
     start = time.perf_counter()
@@ -58,30 +63,40 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
         return {"status": "skipped", "seconds": time.perf_counter() - start, "stats": stats}
+    logger.info("stage %s: running", name)
+    key = str(task_run.id)  # the same for every retry of this task run: one MLflow run
     if split_name(name)[0].own_process:
-        stats = _run_in_own_process(name, params_path, parent_run_id)
+        stats = _run_in_own_process(name, params_path, parent_run_id, key)
     else:
-        stats = run_stage(name, Path(params_path), parent_run_id)
+        stats = run_stage(name, Path(params_path), parent_run_id, key)
     if tracked:
         versioning.commit(root, name)
     logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
     return {"status": "ran", "seconds": time.perf_counter() - start, "stats": stats}
 
 
-@task
+@task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
+@masks_errors
 def registry_task(params_path: str, tasks: list[str], parent_run_id: str) -> dict:
-    """Register the encoder and the evaluated task models; new ones challenge their champion."""
+    """Register the encoder and the evaluated task models; new ones challenge their champion.
+    A retry registers nothing twice: versions are found by content hash, and one left
+    unchallenged by the failed attempt is finished."""
+    from prefect.runtime import task_run
+
     from pipeline.publish import publish
 
+    logger = get_run_logger()
+    logger.info("stage registry: running")
     start = time.perf_counter()
-    outcome = publish(Path(params_path), tasks, parent_run_id)
+    outcome = publish(Path(params_path), tasks, parent_run_id, run_key=str(task_run.id))
     new = {name: r["version"] for name, r in outcome.items() if r["new"]}
-    get_run_logger().info("registry: %s", ", ".join(f"{n} v{v}" for n, v in new.items()) or "nothing new")
+    logger.info("stage registry: ran in %.1f s, registered %s", time.perf_counter() - start,
+                ", ".join(f"{n} v{v}" for n, v in new.items()) or "nothing new")
     return {"status": "ran" if new else "skipped", "seconds": time.perf_counter() - start,
             "stats": {"registered": len(new), **{f"{n}.version": v for n, v in new.items()}}}
 
 
-def _run_in_own_process(name: str, params_path: str, parent_run_id: str) -> dict:
+def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: str) -> dict:
     """`bertflow stage NAME` as a child process, its MLflow run nested under the flow's."""
     import os
     import subprocess
@@ -89,7 +104,7 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str) -> dict
 
     from components.io import read_json
 
-    env = {**os.environ, PARENT_RUN_ENV: parent_run_id}
+    env = {**os.environ, PARENT_RUN_ENV: parent_run_id, RUN_KEY_ENV: key}
     cmd = [sys.executable, "-m", "pipeline.cli", "stage", name, "--params", params_path]
     lines: list[str] = []
     with subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,
@@ -142,6 +157,7 @@ def stage_groups(names: list[str]) -> list[list[str]]:
 # one dvc.lock. The per-task stages are still mapped, a task run per task, so the Prefect UI
 # shows each task on its own and a failing task does not stop the others of its group.
 @flow(name="bertflow", task_runner=ThreadPoolTaskRunner(max_workers=1))
+@masks_errors
 def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
                   wait: bool = False) -> dict[str, dict]:
     """The pipeline: every stage up to `until`, skipping what DVC finds up to date; then the

@@ -43,8 +43,10 @@ def _example(task_dir: Path, kind: str, rows: int = 3) -> list[dict]:
     return [{c: r[c] for c in columns} for r in test]
 
 
-def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = None) -> dict[str, dict]:
-    """Register the encoder and the exported models of `tasks` that have been evaluated."""
+def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = None,
+            run_key: str | None = None) -> dict[str, dict]:
+    """Register the encoder and the exported models of `tasks` that have been evaluated
+    (attempts with one `run_key` share one MLflow run)."""
     from components import registry, tracking
 
     params_path = Path(params_path).resolve()
@@ -53,7 +55,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
     models = root / p.paths.models
     outcome: dict[str, dict] = {}
     with tracking.run(p.tracking, root, "registry", parent_run_id=parent_run_id,
-                      tags={"bertflow.stage": "registry", **code}) as run:
+                      tags={"bertflow.stage": "registry", **code}, key=run_key) as run:
         client = run.client
         encoder_version = None
         if (models / "encoder" / "bertflow.json").exists():

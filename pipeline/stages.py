@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"  # set by the flow for stages it runs as a subprocess
+RUN_KEY_ENV = "BERTFLOW_RUN_KEY"  # and the key that makes its retries reopen one MLflow run
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _transfer(p: Params, root: Path, run: Run | None, task: str) -> dict:
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
     "seeds", "baseline", "max_seq_len", "batch_size", "lr", "weight_decay", "epochs",
     "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold",
-    "workers"))
+    "workers", "deterministic"))
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",)),
@@ -192,7 +193,8 @@ def lookup(data: dict, dotted: str) -> Any:
     return data
 
 
-def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: str):
+def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: str,
+              key: str | None = None):
     """The stage's MLflow run with its params and lineage tags: the git commit and the hashes
     DVC records in dvc.lock for the stage's deps."""
     from components import tracking
@@ -204,7 +206,7 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
     if versioning.is_dvc_project(root):
         tags.update(versioning.dep_hashes(root, name))
-    run = tracking.run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags)
+    run = tracking.run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
     return p, root, run
 
 
@@ -223,8 +225,10 @@ def distributed_rank() -> int:
     return 0
 
 
-def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) -> dict:
+def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
+              run_key: str | None = None) -> dict:
     """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags.
+    Attempts with one `run_key` (retries of a Prefect task run) share one MLflow run.
 
     Ranks other than 0 of a distributed run only compute: no run, no files, no records.
     """
@@ -235,7 +239,8 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None) ->
     if distributed_rank() != 0:
         return stage.run(load_params(params_path), params_path.parent, None, task)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-    p, root, opened = _open_run(name, params_path, parent_run_id, "ran")
+    run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
+    p, root, opened = _open_run(name, params_path, parent_run_id, "ran", run_key)
     with opened as run:
         _check_task(p, task, params_path)
         run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})

@@ -62,9 +62,10 @@ def write_params(folder: Path, data: dict) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a console command of the venv (bertflow, dvc, git) in `cwd`."""
-    env_vars = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+def run_cli(*args: str, cwd: Path, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a console command of the venv (bertflow, dvc, git) in `cwd`, with `env` added."""
+    env_vars = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})}
     proc = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, env=env_vars)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -129,3 +130,22 @@ def make_dvc_project(repo: Path, data: dict) -> Path:
 def dvc_project(tmp_path) -> Path:
     """A git + DVC repo holding a copy of the project (code deps, dvc.yaml) and small params."""
     return make_dvc_project(tmp_path / "project", small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+
+
+def make_task_project(repo: Path, tasks: dict) -> Path:
+    """A DVC project (tiny model, short pretraining) whose tasks read the user files of
+    tests/test_finetune.py, added to DVC as your own data is, not to git; committed."""
+    from tests.test_finetune import _user_files
+
+    data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
+    data["model"]["preset"] = "tiny"
+    data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
+                            checkpoint_every_steps=15, short_seq_steps=10, accelerator="cpu")
+    data["finetune"].update(tasks=tasks, seeds=[1], baseline=False, lr=0.003, epochs=8,
+                            batch_size=16, patience=16)
+    make_dvc_project(repo, data)
+    _user_files(repo / "data" / "user" / "tasks")
+    run_cli("dvc", "add", "data/user/tasks", cwd=repo)
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "user tasks"]):
+        run_cli(*cmd, cwd=repo)
+    return repo

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import yaml
 
-from tests.conftest import ROOT, run_cli, small_params, write_params
+from tests.conftest import BIN, ROOT, run_cli, small_params, write_params
 
 
 def test_help_does_not_import_heavy_libraries():
@@ -95,3 +96,51 @@ def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
     assert plan(p, "finetune")[-1] == f"finetune@{tasks[-1]}"
     # One task's stage: only what that task needs, not the other tasks' stages.
     assert plan(p, "evaluate@trec-6")[5:] == ["task_data@trec-6", "finetune@trec-6", "evaluate@trec-6"]
+
+
+def test_progress_bars_at_a_terminal_none_in_ci_or_in_a_log(tmp_path):
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"{i}.txt").write_text(f"Document {i} has a sentence. And another one here.")
+    params = write_params(tmp_path, {"ingest": {"sources": [
+        {"name": "mine", "kind": "txt_dir", "path": "corpus"}]}})
+
+    def stderr_at_a_terminal(ci: str) -> str:
+        main, terminal = pty.openpty()
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))  # 30x120
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "CI": ci}
+        proc = subprocess.Popen(["bertflow", "stage", "ingest", "-p", str(params)], cwd=tmp_path,
+                                env=env, stdout=subprocess.DEVNULL, stderr=terminal)
+        os.close(terminal)
+        chunks: list[bytes] = []
+
+        def read() -> None:
+            while True:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:  # the terminal's other end closed
+                    return
+                if not chunk:
+                    return
+                chunks.append(chunk)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert proc.wait(timeout=300) == 0
+        reader.join(timeout=30)
+        os.close(main)
+        return b"".join(chunks).decode(errors="replace")
+
+    drawn = stderr_at_a_terminal(ci="")
+    assert "ingest mine" in drawn and "doc/s" in drawn
+    assert "ingest mine" not in stderr_at_a_terminal(ci="true")
+    logged = run_cli("bertflow", "stage", "ingest", "-p", str(params), cwd=tmp_path,
+                     env={"CI": ""}).stderr  # stderr is a pipe here, as in a log
+    assert "ingest mine" not in logged and "doc/s" not in logged

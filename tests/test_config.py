@@ -9,7 +9,7 @@ import typing
 import pytest
 import yaml
 
-from components.config import Params, from_dict, load_params, to_dict
+from components.config import Params, flatten, from_dict, load_params, to_dict
 from components.errors import ConfigError
 from pipeline.stages import STAGES
 from tests.conftest import ROOT, write_params
@@ -145,3 +145,18 @@ def test_config_types_are_all_supported():
 
     walk(Params)
     from_dict(Params, to_dict(Params()), "p:")
+
+
+def test_the_readme_configuration_reference_is_current():
+    from pipeline.reference import readme_with_reference, reference_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme_with_reference(readme) == readme, "run `python -m pipeline.reference`"
+    reference = reference_markdown()
+    items = ("finetune.tasks.", "model.presets.", "ingest.sources", "clean.replacements")
+    for key in flatten(to_dict(Params())):  # every key of params.yaml, nested ones included
+        if not key.startswith(items):  # these have a table for one item (below)
+            assert f"| `{key}` |" in reference, key
+    for key in ("finetune.tasks.<name>.kind", "model.presets.<name>.layers",
+                "ingest.sources[].path", "clean.replacements[].pattern"):
+        assert f"| `{key}` |" in reference, key

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, make_dvc_project, run_cli, small_params
-from tests.test_finetune import _user_files
+from tests.conftest import BIN, make_task_project, run_cli
 
 pytestmark = pytest.mark.slow
 TASKS = {
@@ -33,16 +32,7 @@ TASKS = {
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A DVC project with one task of each kind, run once by `bertflow run` (tiny model)."""
-    data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
-    data["model"]["preset"] = "tiny"
-    data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
-                            checkpoint_every_steps=15, short_seq_steps=10, accelerator="cpu")
-    data["finetune"].update(tasks=TASKS, seeds=[1], baseline=False, lr=0.003, epochs=8,
-                            batch_size=16, patience=16)
-    repo = make_dvc_project(tmp_path_factory.mktemp("lifecycle") / "project", data)
-    _user_files(repo / "data" / "user" / "tasks")
-    run_cli("dvc", "add", "data/user/tasks", cwd=repo)  # your own data: versioned by DVC, not git
-    _commit(repo, "user tasks")
+    repo = make_task_project(tmp_path_factory.mktemp("lifecycle") / "project", TASKS)
     run_cli("bertflow", "run", cwd=repo)
     return repo
 
@@ -352,3 +342,33 @@ def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
     assert str(client.get_model_version_by_alias("ner", "candidate").version) == str(after["ner"])
     assert "up to date" in run_cli("dvc", "status", cwd=project).stdout
     assert sum(1 for p in (project / ".dvc-storage").rglob("*") if p.is_file()) > pushed_before
+
+
+def test_fill_mask_and_attention_default_to_the_registered_encoder(project, tmp_path):
+    cloze = "the president spoke about [MASK] ."
+    registered = run_cli("bertflow", "fill-mask", cloze, cwd=project).stdout
+    local = run_cli("bertflow", "fill-mask", cloze, "--model", "data/models/encoder", cwd=project).stdout
+    assert registered == local and len(registered.split()) == 10
+    run_cli("bertflow", "attention", "the president spoke", "--out", str(tmp_path / "a.png"), cwd=project)
+    assert (tmp_path / "a.png").stat().st_size > 1000
+
+
+def test_the_report_holds_every_stage_task_and_model_and_needs_no_network(project, tmp_path):
+    import re
+
+    run_cli("bertflow", "report", "--out", str(tmp_path / "report.html"), cwd=project)
+    page = (tmp_path / "report.html").read_text()
+    assert not re.search(r"<script|<link|(src|href)=\"(https?:)?//", page)  # self-contained
+    for stage in ("ingest", "clean", "tokenizer", "pairs"):
+        stats = json.loads((project / "metrics" / f"{stage}_stats.json").read_text())
+        assert f"<h3>{stage}</h3>" in page
+    assert f"{stats['train']['instances']:,}" in page  # the pairs stage's own numbers
+    pretrain = json.loads((project / "metrics" / "pretrain_stats.json").read_text())
+    assert f"{pretrain['mlm_accuracy']:.4g}" in page
+    for task in TASKS:
+        evaluate = json.loads((project / "metrics" / "tasks" / task / "evaluate_stats.json").read_text())
+        scores = evaluate["runs"]["pretrained-s1"]
+        assert f"<h3>{task}</h3>" in page and f"{scores[evaluate['metric']]:.4g}" in page
+        assert f"<td>{task}</td>" in page  # in the transfer table and the registry table
+    images = re.findall(r'src="data:image/png;base64,', page)
+    assert len(images) >= 1 + len(TASKS)  # the pretraining curve, at least a plot per task

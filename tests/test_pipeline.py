@@ -154,14 +154,47 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
     with pytest.raises(DataError, match="x.jsonl:2"):
         pipeline_flow(str(params_b), "ingest")
 
-    def failed_runs(folder, stage):
+    def runs(folder, stage):
         client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
         exp = client.get_experiment_by_name("bertflow")
-        return [r for r in client.search_runs([exp.experiment_id])
-                if r.info.run_name == stage and r.info.status == "FAILED"]
+        return [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == stage]
 
-    assert len(failed_runs(tmp_path / "a", "clean")) == 3  # first try + 2 retries
-    assert len(failed_runs(tmp_path / "b", "ingest")) == 1
+    # Retries reopen the run of the first attempt: one MLflow run, its attempts counted.
+    [clean_run] = runs(tmp_path / "a", "clean")
+    assert clean_run.info.status == "FAILED" and clean_run.data.tags["bertflow.attempts"] == "3"
+    [ingest_run] = runs(tmp_path / "b", "ingest")
+    assert ingest_run.info.status == "FAILED" and ingest_run.data.tags["bertflow.attempts"] == "1"
+    assert "x.jsonl:2" in ingest_run.data.tags["bertflow.error"]
+
+
+def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, prefect_harness,
+                                                                     monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    import components.corpus
+    from pipeline.flow import pipeline_flow
+    from tests.conftest import small_params, write_params
+
+    real_ingest, calls = components.corpus.ingest, []
+
+    def flaky_ingest(*args):  # the network share hiccups once, then answers
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionResetError("connection reset by peer")
+        return real_ingest(*args)
+
+    monkeypatch.setattr(components.corpus, "ingest", flaky_ingest)
+    monkeypatch.setattr("pipeline.flow.stage_task.retry_delay_seconds", 0)
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    results = pipeline_flow(str(params), "ingest")
+    assert len(calls) == 2 and results["ingest"]["stats"]["documents"] > 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("bertflow")
+    [run] = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == "ingest"]
+    assert run.info.status == "FINISHED" and run.data.tags["bertflow.attempts"] == "2"
+    assert "bertflow.error" not in run.data.tags
+    assert "ConnectionResetError" in run.data.tags["bertflow.retried_after"]
+    assert run.data.metrics["documents"] == results["ingest"]["stats"]["documents"]
 
 
 @pytest.mark.slow

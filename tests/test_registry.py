@@ -69,3 +69,29 @@ def test_promote_and_rollback_walk_the_history(store, tmp_path):
     assert [(r["name"], r["versions"], r["champion"], r["candidate"]) for r in rows] == \
         [("task", 3, "1", "3")]
     assert json.loads(client.get_registered_model("task").tags[registry.HISTORY]) == ["1"]
+
+
+def test_a_registration_interrupted_before_its_challenge_is_finished_not_repeated(store, tmp_path):
+    cfg, root = store
+    client = tracking.client(*store)
+    _register(store, tmp_path / "a", "a", 0.80)
+    # An attempt killed right after creating version 2 (before candidate and challenge).
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "weights.bin").write_text("b")
+    sha = registry.model_sha256(folder)
+    with tracking.run(cfg, root, "registry") as run:
+        run.log_artifact(folder, "model")
+        source = f"{run.client.get_run(run.run_id).info.artifact_uri}/model"
+        client.create_model_version("task", source, run_id=run.run_id,
+                                    tags={registry.SHA: sha, registry.METRIC: "0.900000"})
+    assert str(client.get_model_version_by_alias("task", "candidate").version) == "1"
+
+    again = _register(store, tmp_path / "b2", "b", 0.90)  # the retry, or the next run
+    assert (again.version, again.new, again.champion) == ("2", False, "2")
+    assert again.reason.startswith("finished an interrupted registration: new champion")
+    assert len(client.search_model_versions("name='task'")) == 2
+    assert str(client.get_model_version_by_alias("task", "candidate").version) == "2"
+    assert registry.history(client, "task") == ["1", "2"]
+    settled = _register(store, tmp_path / "b3", "b", 0.90)  # decided now: nothing more to do
+    assert settled.reason == "unchanged: version 2 holds this model"

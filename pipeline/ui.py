@@ -1,0 +1,75 @@
+"""`bertflow ui`: the MLflow UI on the project's store, on loopback, stopped as a whole.
+
+The server runs in a session of its own so that stopping it stops its workers too: on Ctrl-C
+(or SIGTERM) its whole process group gets SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PREFECT_HINT = ("Prefect UI: `prefect server start` (it listens on http://127.0.0.1:4200), then "
+                "`export PREFECT_API_URL=http://127.0.0.1:4200/api` before `bertflow run`.")
+
+
+def mlflow_ui_command(params: Path, host: str, port: int) -> list[str]:
+    """The `mlflow server` command line for the project's tracking store and artifacts."""
+    from components import tracking
+    from components.config import load_params
+
+    params = Path(params).resolve()
+    cfg = load_params(params).tracking
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+            tracking.tracking_uri(cfg, params.parent), "--default-artifact-root",
+            tracking.artifact_location(cfg, params.parent),
+            "--host", host, "--port", str(port), "--workers", "1"]
+
+
+def stop_group(proc: subprocess.Popen, grace_seconds: float = 10.0) -> None:
+    """SIGTERM the process group of `proc` (started with its own session); SIGKILL what is
+    still there after `grace_seconds`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break  # nothing left
+        deadline = time.monotonic() + grace_seconds
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            proc.poll()  # reap the leader: a zombie still counts as a member
+            time.sleep(0.1)
+        if not _group_alive(proc.pid):
+            break
+    proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the UI as Ctrl-C does
+
+
+def serve_ui(params: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
+    """Run the MLflow UI until Ctrl-C or SIGTERM; return its exit code."""
+    import typer
+
+    proc = subprocess.Popen(mlflow_ui_command(params, host, port), start_new_session=True)
+    typer.echo(f"MLflow UI: http://{host}:{port} (Ctrl-C stops it)\n{PREFECT_HINT}")
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_group(proc)

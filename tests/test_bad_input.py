@@ -1,0 +1,240 @@
+"""The bad-input catalogue, the cases not covered beside their stage's other tests (the README's
+"What happens when…" lists them all): each either fails with a message naming the file, key or
+row and leaves nothing half-written, or goes on with what it dropped counted in the stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from components.config import (
+    CleanConfig,
+    ExecutorConfig,
+    FinetuneConfig,
+    IngestConfig,
+    ModelConfig,
+    PairsConfig,
+    PretrainConfig,
+    SourceConfig,
+    TaskConfig,
+    TokenizerConfig,
+)
+from components.corpus import clean, ingest
+from components.errors import DataError
+from components.pairs import make_pairs
+from components.tokenizer import train_tokenizer
+from tests.conftest import PACKAGES
+
+SERIAL = ExecutorConfig(kind="serial")
+TOPICS = ["budget", "river", "garden", "market", "school", "harbour", "museum", "railway"]
+
+
+def prose(topic: str, sentences: int = 6) -> str:
+    """A document of `sentences` distinct sentences about `topic`."""
+    return " ".join(f"The {topic} committee met on day {i} and talked about the {topic} plan "
+                    f"number {i * 7}." for i in range(sentences))
+
+
+def corpus(root: Path, docs: dict[str, str | bytes]) -> IngestConfig:
+    """A txt_dir source holding `docs` (file name -> text), under `root`."""
+    folder = root / "corpus"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in docs.items():
+        (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    return IngestConfig(sources=[SourceConfig("mine", "txt_dir", str(folder))])
+
+
+def ingest_and_clean(root: Path, docs: dict[str, str | bytes]) -> dict:
+    ingest(corpus(root, docs), root, PACKAGES, root / "raw")
+    return clean(CleanConfig(), SERIAL, root / "raw", root / "clean")
+
+
+def no_output_left(folder: Path) -> bool:
+    """Neither the output nor a temp folder of it exists."""
+    return not folder.exists() and not list(folder.parent.glob(f".{folder.name}.*"))
+
+
+# ----------------------------------------------------------------------- corpus: dropped, counted
+
+def test_a_50_mb_single_line_is_dropped_as_too_long_and_the_rest_goes_on(tmp_path):
+    line = ("lorem ipsum dolor sit amet " * 1_900_000)[:50_000_000]  # no line break, no full stop
+    stats = ingest_and_clean(tmp_path, {"dump.txt": line, **{f"{t}.txt": prose(t) for t in TOPICS}})
+    assert stats["sentences_dropped"]["too_long"] >= 1
+    assert stats["documents_dropped"]["few_sentences"] == 1
+    assert stats["documents_out"] == len(TOPICS)
+
+
+def test_a_document_of_one_sentence_is_dropped_and_counted(tmp_path):
+    docs = {"short.txt": "Only one sentence lives in this little file.",
+            **{f"{t}.txt": prose(t) for t in TOPICS}}
+    stats = ingest_and_clean(tmp_path, docs)
+    assert stats["documents_dropped"] == {"few_sentences": 1}
+    assert stats["documents_out"] == len(TOPICS)
+
+
+def test_an_all_duplicate_corpus_fails_saying_what_was_dropped(tmp_path):
+    with pytest.raises(DataError) as info:
+        ingest_and_clean(tmp_path, {f"copy{i}.txt": prose("budget") for i in range(12)})
+    message = str(info.value)
+    assert str(tmp_path / "raw") in message and "documents_dropped.exact_duplicate: 11" in message
+    assert no_output_left(tmp_path / "clean")
+
+
+# ----------------------------------------------------------------------------- tokenizer, pretrain
+
+@pytest.fixture(scope="module")
+def tiny_stages(tmp_path_factory) -> Path:
+    """ingest, clean, tokenizer and pairs of an eight-document corpus."""
+    root = tmp_path_factory.mktemp("tiny")
+    ingest_and_clean(root, {f"{t}.txt": prose(t, 12) for t in TOPICS})
+    train_tokenizer(TokenizerConfig(vocab_size=120), root / "clean", root / "tokenizer")
+    make_pairs(PairsConfig(max_seq_len=32), SERIAL, root / "clean", root / "tokenizer", root / "pairs")
+    return root
+
+
+def test_a_vocab_larger_than_the_corpus_supports_is_trimmed_with_a_warning(tiny_stages, tmp_path):
+    stats = train_tokenizer(TokenizerConfig(vocab_size=30_000), tiny_stages / "clean", tmp_path / "tok")
+    assert stats["vocab_size"] < 30_000 and stats["vocab_size_requested"] == 30_000
+    assert "fewer than tokenizer.vocab_size=30000" in stats["warning"]
+    assert (tmp_path / "tok" / "tokenizer.json").exists()
+
+
+TINY_PRETRAIN = {"max_steps": 4, "warmup_steps": 1, "batch_size": 4, "val_every_steps": 2,
+                 "checkpoint_every_steps": 2, "short_seq_steps": 0, "accelerator": "cpu"}
+
+
+def _pretrain(stages: Path, out: Path, **cfg):
+    from components.pretrain import pretrain
+
+    return pretrain(ModelConfig(preset="tiny"), PretrainConfig(**{**TINY_PRETRAIN, **cfg}),
+                    stages / "pairs", stages / "tokenizer", out / "encoder", out / "checkpoints")
+
+
+def test_a_corpus_smaller_than_one_batch_fails_before_training(tiny_stages, tmp_path):
+    with pytest.raises(DataError, match=r"pairs/train are fewer than one batch of 4096"):
+        _pretrain(tiny_stages, tmp_path, batch_size=4096)
+    assert no_output_left(tmp_path / "encoder")
+
+
+def _checkpoint_path(stages: Path, out: Path) -> Path:
+    """Where `_pretrain` looks for the checkpoint to resume from."""
+    from components.pretrain import bert_config, run_fingerprint
+    from components.tokenizer import load
+
+    cfg = PretrainConfig(**TINY_PRETRAIN)
+    bert = bert_config(ModelConfig(preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
+    run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer")
+    path = out / "checkpoints" / run / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    return path
+
+
+class _RunsCode:
+    """What a malicious checkpoint would carry: unpickling it calls `Path.touch`."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+@pytest.mark.parametrize("content", ["damaged", "pickled code"])
+def test_a_damaged_or_unsafe_checkpoint_is_refused_by_name(tiny_stages, tmp_path, content):
+    import torch
+
+    path = _checkpoint_path(tiny_stages, tmp_path)
+    marker = tmp_path / "code-ran"
+    if content == "damaged":
+        path.write_bytes(b"PK\x03\x04 half a zip file")
+    else:
+        torch.save({"state_dict": {}, "bertflow": {}, "callbacks": _RunsCode(marker)}, path)
+    expected = "is damaged" if content == "damaged" else "holds pickled objects"
+    with pytest.raises(DataError) as info:
+        _pretrain(tiny_stages, tmp_path)
+    assert str(path) in str(info.value) and expected in str(info.value)
+    assert not marker.exists()  # the checkpoint's code never ran
+    assert no_output_left(tmp_path / "encoder")
+
+
+# ------------------------------------------------------------------------------- fine-tuning
+
+@pytest.fixture(scope="module")
+def encoder(tiny_stages, tmp_path_factory) -> Path:
+    from components.model import BertConfig, build_model
+    from components.pretrain import export
+    from components.tokenizer import load
+
+    cfg = BertConfig(vocab_size=load(tiny_stages / "tokenizer").get_vocab_size(), hidden=32,
+                     layers=1, heads=2, intermediate=64, max_position=64)
+    out = tmp_path_factory.mktemp("encoder") / "encoder"
+    export(build_model(cfg), cfg, tiny_stages / "tokenizer", out, {"stats": {}})
+    return out
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory) -> Path:
+    from components.tasks import prepare_task
+    from tests.test_finetune import _user_files
+
+    root = tmp_path_factory.mktemp("task")
+    _user_files(root / "user")
+    task = TaskConfig("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"})
+    prepare_task("reviews", task, root, PACKAGES, root / "reviews")
+    return root / "reviews"
+
+
+def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
+    from components.finetune import finetune_task
+
+    task = TaskConfig("classification", "unused", epochs=1)
+    return finetune_task("reviews", task, FinetuneConfig(seeds=[1], baseline=False, workers=1),
+                         task_dir, encoder_dir, out / "model")
+
+
+def _copy(encoder: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(encoder, to)
+    return to
+
+
+def test_finetuning_without_an_encoder_says_to_pretrain_first(task_dir, tmp_path):
+    with pytest.raises(DataError, match=r"no pretrained encoder; run the pretrain stage first"):
+        _finetune(task_dir, tmp_path / "nowhere", tmp_path)
+    assert no_output_left(tmp_path / "model")
+
+
+def test_a_tokenizer_that_does_not_match_the_encoder_is_refused(task_dir, encoder, tiny_stages, tmp_path):
+    other = _copy(encoder, tmp_path / "encoder")
+    train_tokenizer(TokenizerConfig(vocab_size=80), tiny_stages / "clean", tmp_path / "tok80")
+    (other / "tokenizer.json").write_bytes((tmp_path / "tok80" / "tokenizer.json").read_bytes())
+    with pytest.raises(DataError, match=r"encoder: the tokenizer does not match the model: \d+ tokens"):
+        _finetune(task_dir, other, tmp_path)
+    assert no_output_left(tmp_path / "model")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_damaged_or_missing_encoder_weights_are_named(task_dir, encoder, tmp_path, damage):
+    broken = _copy(encoder, tmp_path / "encoder")
+    weights = broken / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        weights.unlink()
+    expected = "the file is damaged" if damage == "truncated" else "missing; the model folder is incomplete"
+    with pytest.raises(DataError, match=f"{weights}: .*{expected}"):
+        _finetune(task_dir, broken, tmp_path)
+    assert no_output_left(tmp_path / "model")
+
+
+def test_a_task_model_with_damaged_weights_is_named_when_loaded(task_dir, encoder, tmp_path):
+    from components.inference import load_task_model
+
+    _finetune(task_dir, encoder, tmp_path)
+    model = tmp_path / "model" / "model"  # the exported run, as the registry and predict load it
+    assert load_task_model(model).kind == "classification"
+    (model / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(DataError, match=f"{model / 'model.safetensors'}: not readable as safetensors"):
+        load_task_model(model)

@@ -1,0 +1,153 @@
+"""Reproducibility and crash recovery on a small real project.
+
+One project is run straight through (`bertflow run`) as the reference. A second, identical one
+must give byte-identical data and identical models and metrics (determinism). A third is killed
+(SIGKILL, the whole process group) once inside every stage, at a random point, and rerun each
+time: at the end it must hold exactly the reference's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, make_task_project, run_cli
+
+pytestmark = pytest.mark.slow
+TASKS = {
+    "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
+                "columns": {"text": "review", "label": "verdict"}},
+    "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
+}
+# Stats that describe the run rather than its result: wall time, and whether it resumed.
+RUN_ONLY = re.compile(r"seconds|minutes|per_second|resumed")
+DONE = re.compile(r"stage (\S+): ran in ([\d.]+) s")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict[str, float]]:
+    """The project run straight through, and how long each of its stages took."""
+    repo = make_task_project(tmp_path_factory.mktemp("reference") / "project", TASKS)
+    out = run_cli("bertflow", "run", cwd=repo)
+    seconds = {m[1]: float(m[2]) for m in DONE.finditer(out.stdout + out.stderr)}
+    assert "pretrain" in seconds and "registry" in seconds, out.stderr[-3000:]
+    return repo, seconds
+
+
+def outputs(repo: Path) -> dict[str, str]:
+    """Every DVC-tracked output of the project and its md5, from dvc.lock."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    return {o["path"]: o["md5"] for stage in lock.values() for o in stage["outs"]}
+
+
+def models(repo: Path) -> dict[str, str]:
+    """The weight files of the encoder and the task models (their folders also hold run stats)."""
+    import hashlib
+
+    files = sorted((repo / "data" / "models").rglob("model.safetensors"))
+    return {str(f.relative_to(repo)): hashlib.md5(f.read_bytes()).hexdigest() for f in files}
+
+
+def results(repo: Path) -> dict[str, object]:
+    """Every stats and metrics JSON under metrics/, without the keys that time the run."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if not RUN_ONLY.search(k)}
+        return [strip(v) for v in value] if isinstance(value, list) else value
+
+    return {str(f.relative_to(repo)): strip(json.loads(f.read_text()))
+            for f in sorted((repo / "metrics").rglob("*.json"))}
+
+
+def assert_same_results(repo: Path, ref: Path) -> None:
+    data = {k: v for k, v in outputs(ref).items() if not k.startswith(("data/models", "metrics"))}
+    assert {k: outputs(repo)[k] for k in data} == data  # data: byte-identical
+    assert models(repo) == models(ref)  # weights: byte-identical on CPU
+    assert results(repo) == results(ref)  # every metric of every stage
+    assert (repo / "metrics" / "transfer.md").read_text() == (ref / "metrics" / "transfer.md").read_text()
+
+
+def test_same_params_and_seed_give_identical_data_models_and_metrics(reference, tmp_path):
+    ref, _ = reference
+    again = make_task_project(tmp_path / "project", TASKS)
+    run_cli("bertflow", "run", cwd=again)
+    assert len(outputs(again)) == len(outputs(ref)) > 10
+    assert_same_results(again, ref)
+
+
+def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(reference, tmp_path):
+    ref, seconds = reference
+    seed = int(os.environ.get("BERTFLOW_KILL_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    repo = make_task_project(tmp_path / "project", TASKS)
+    checkpoints = repo / "data" / "models" / "pretrain-checkpoints"
+    killed, resumable = {}, False
+    for stage in seconds:
+        # The rerun first recovers whatever the previous kill left, then starts `stage`.
+        ready = (lambda: list(checkpoints.glob("*/last.ckpt"))) if stage == "pretrain" else None
+        # Pretraining: soon after its first checkpoint, before the export removes them.
+        share = rng.uniform(0.0, 0.05) if ready else rng.uniform(0.05, 0.8)
+        killed[stage] = kill_inside(repo, stage, share * seconds[stage], ready)
+        resumable = resumable or (stage == "pretrain" and bool(ready()))
+    where = f"(kill seed {seed}; killed: {killed})"
+    assert sum(killed.values()) >= len(killed) - 3, where  # a fast stage may end before its kill
+    assert killed["pretrain"], where
+
+    run_cli("bertflow", "run", cwd=repo)
+    assert not list(repo.glob("data/**/.*.tmp-*")), where  # no partial output left
+    pretrain = json.loads((repo / "metrics" / "pretrain_stats.json").read_text())
+    assert pretrain["resumed"] is resumable, where  # from the checkpoint left by the kill
+    assert_same_results(repo, ref)
+    # Nothing was registered twice, and a registration cut short was finished: one version
+    # per model, each task's its champion.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}",
+                          registry_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    for name in [*TASKS, "encoder"]:
+        assert len(client.search_model_versions(f"name='{name}'")) == 1, (name, where)
+    for name in TASKS:
+        assert client.get_model_version_by_alias(name, "champion").version in (1, "1"), where
+
+
+def kill_inside(repo: Path, stage: str, delay: float, ready=None) -> bool:
+    """`bertflow run --until STAGE` (the registry step: the whole run), SIGKILLed `delay` s
+    after STAGE starts (after `ready()` holds, if given); False if it ended before the kill."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    until = [] if stage == "registry" else ["--until", stage]
+    proc = subprocess.Popen(["bertflow", "run", *until], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    started = threading.Event()
+    log: list[str] = []
+
+    def watch() -> None:
+        for line in proc.stderr:
+            log.append(line)
+            if f"stage {stage}: running" in line:
+                started.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    deadline = time.time() + 600
+    while not started.is_set() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert started.is_set(), f"{stage} never started:\n{''.join(log[-40:])}"
+    while ready is not None and not ready() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(delay)
+    alive = proc.poll() is None
+    if alive:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert alive or proc.returncode == 0, f"{stage} failed before the kill:\n{''.join(log[-40:])}"
+    return alive

@@ -1,0 +1,72 @@
+"""Exposure: no credentials or tokens in logs, error output, MLflow params or tags; the server
+a run starts listens on loopback. (Safe loading: test_bad_input.py and test_lifecycle.py.)"""
+
+from __future__ import annotations
+
+import logging
+
+from components.redact import install_log_redaction, redact
+from tests.conftest import run_cli, write_params
+
+SECRET = "hunter2-s3cr3t"
+
+
+def test_redact_masks_url_passwords_and_secret_environment_values(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "AKIAxyzSECRETvalue")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-123456789")
+    monkeypatch.setenv("CI", "true")  # not a secret's name: its value stays
+    text = ("connect to https://bob:pa55word@mlflow.example.com:5000/api failed; "
+            "key AKIAxyzSECRETvalue, header Bearer tok-123456789, CI=true, s3://bucket/path")
+    assert redact(text) == ("connect to https://bob:***@mlflow.example.com:5000/api failed; "
+                            "key ***, header Bearer ***, CI=true, s3://bucket/path")
+
+
+def test_log_records_are_redacted_whatever_handler_writes_them(monkeypatch, caplog):
+    monkeypatch.setenv("PREFECT_API_KEY", SECRET)
+    install_log_redaction()
+    try:
+        raise ConnectionError(f"refused by postgresql://app:{SECRET}@db:5432/mlflow")
+    except ConnectionError:
+        logging.getLogger("some.library").exception("lost the store at %s", f"key={SECRET}")
+    [record] = caplog.records
+    text = caplog.text + (record.exc_text or "")
+    assert SECRET not in text
+    assert "lost the store at key=***" in text and "postgresql://app:***@db:5432" in text
+
+
+def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path):
+    # MLflow names the server in its error: the password must not come with it.
+    params = write_params(tmp_path, {"tracking": {"uri": f"http://alice:{SECRET}@127.0.0.1:9"}})
+    proc = run_cli("bertflow", "run", "--until", "ingest", "-p", str(params), cwd=tmp_path,
+                   check=False, env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                                     "AWS_SECRET_ACCESS_KEY": "aws-" + SECRET})
+    assert proc.returncode == 1
+    output = proc.stdout + proc.stderr
+    assert "http://alice:***@127.0.0.1:9" in output
+    assert SECRET not in output
+    # The Prefect API the run starts for itself listens on loopback only.
+    assert "temporary server on http://127.0.0.1:" in output
+
+
+def test_mlflow_params_and_tags_hold_no_secrets(tmp_path, monkeypatch):
+    from components import tracking
+    from components.config import TrackingConfig
+
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    cfg = TrackingConfig(uri="sqlite:///mlflow.db")
+    with tracking.run(cfg, tmp_path, "stage", tags={"note": f"pw {SECRET}"}) as run:
+        run.log_params({"executor": {"dask_address": f"tcp://user:{SECRET}@scheduler:8786"}})
+        run_id = run.run_id
+    data = tracking.client(cfg, tmp_path).get_run(run_id).data
+    assert data.params["executor.dask_address"] == "tcp://user:***@scheduler:8786"
+    assert data.tags["note"] == "pw ***"
+
+
+def test_a_failed_flow_run_keeps_no_secret_in_its_prefect_state(tmp_path, prefect_harness, monkeypatch):
+    from pipeline.flow import pipeline_flow
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    params = write_params(tmp_path, {"tracking": {"uri": f"http://alice:{SECRET}@127.0.0.1:9"}})
+    state = pipeline_flow(str(params), "ingest", return_state=True)
+    assert state.is_failed()
+    assert "http://alice:***@127.0.0.1:9" in state.message and SECRET not in state.message

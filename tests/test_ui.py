@@ -1,0 +1,86 @@
+"""`bertflow ui`: the MLflow UI on the project's store, on loopback only, and Ctrl-C stops
+it with every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, write_params
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _outside_address() -> str | None:
+    """An address of this machine other than loopback, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET: no packet is sent for a UDP connect
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_path):
+    import httpx
+
+    from components import tracking
+    from components.config import TrackingConfig
+
+    params = write_params(tmp_path, {"tracking": {"uri": "sqlite:///mlflow.db"}})
+    with tracking.run(TrackingConfig(uri="sqlite:///mlflow.db"), tmp_path, "ingest"):
+        pass
+    port = _free_port()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bertflow", "ui", "--port", str(port), "-p", str(params)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline, answer = time.time() + 120, None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                answer = httpx.post(f"{url}/api/2.0/mlflow/runs/search", timeout=5,
+                                    json={"experiment_ids": ["1"]})
+                break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        assert answer is not None and answer.status_code == 200, proc.poll()
+        assert [r["info"]["run_name"] for r in answer.json()["runs"]] == ["ingest"]  # our store
+        outside = _outside_address()
+        if outside:  # nothing answers on the machine's other interfaces
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"http://{outside}:{port}/", timeout=5)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
+        output = proc.communicate(timeout=60)[0]
+    assert f"MLflow UI: {url}" in output and "prefect server start" in output
+    time.sleep(1)
+    with pytest.raises(httpx.TransportError):  # the server and its workers are gone
+        httpx.get(url, timeout=5)
+    # Nothing of what it started is left: the server ran in a process group of its own.
+    assert not [pid for pid, line in _command_lines().items() if f"--port\0{port}\0" in line]
+
+
+def _command_lines() -> dict[str, str]:
+    """Every process's command line, arguments separated by NUL (from /proc)."""
+    out = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            out[cmdline.parent.name] = cmdline.read_bytes().decode(errors="replace")
+        except OSError:  # it ended meanwhile
+            pass
+    return out
