@@ -31,8 +31,10 @@ class PathsConfig:
     """Ingested documents: Parquet shards of `doc_id, source, text`."""
     clean: str = "data/clean"
     """Clean corpus: `train/` and `heldout/` Parquet shards of `doc_id, source, sentences`."""
+    checkpoint: str = "data/checkpoint"
+    """The checkpoint of `pretrain.init_from`, checked and in the pipeline's layout (or nothing)."""
     tokenizer: str = "data/tokenizer"
-    """Learned tokenizer: tokenizer.json, vocab.txt and the transformers config files."""
+    """Learned tokenizer (or the checkpoint's): tokenizer.json, vocab.txt, transformers files."""
     pairs: str = "data/pairs"
     """Pretraining instances: `train/` and `heldout/` Parquet shards."""
     tasks: str = "data/tasks"
@@ -216,7 +218,15 @@ class ModelConfig:
 
 @dataclass
 class PretrainConfig:
-    """Stage `pretrain`: masked LM + NSP with Lightning."""
+    """Stage `pretrain`: masked LM + NSP with Lightning, from nothing or from a checkpoint."""
+
+    init_from: str = ""
+    """Continue pretraining an existing BERT checkpoint: a packaged one (all-minilm-l6-v2) or a
+    folder in transformers' layout. Its shape replaces model.preset, its tokenizer replaces the
+    learned one, and heads it lacks start fresh. Empty: pretrain from nothing."""
+    head_warmup_steps: int = 0
+    """With init_from: the first steps train only the heads the checkpoint lacks (the encoder
+    frozen), so fresh heads don't send noise into pretrained weights."""
 
     mlm_probability: float = 0.15
     """Share of non-special tokens selected for prediction."""
@@ -320,8 +330,8 @@ class TaskConfig:
 
 @dataclass
 class FinetuneConfig:
-    """Stages `task_data@task` and `finetune@task`: each task trained from the pretrained
-    encoder and, as the baseline, from scratch, over several seeds."""
+    """Stages `task_data@task` and `finetune@task`: each task trained from each init of `init`
+    (the pretrained encoder, random weights, the imported checkpoint) over several seeds."""
 
     tasks: dict[str, TaskConfig] = field(default_factory=lambda: {
         "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
@@ -335,8 +345,11 @@ class FinetuneConfig:
     """Tasks by name; dvc.yaml runs one stage of each kind per task (foreach)."""
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     """Seeds of the runs per init (the transfer table's mean and std); the first is exported."""
-    baseline: bool = True
-    """Also train the same architecture from random weights (the from-scratch baseline)."""
+    init: list[Literal["pretrained", "scratch", "checkpoint"]] = field(
+        default_factory=lambda: ["pretrained", "scratch"])
+    """The arms, each trained over every seed: `pretrained` (the pretrain stage's encoder),
+    `scratch` (the same shape, random weights) and `checkpoint` (pretrain.init_from as it came,
+    without continued pretraining). The first arm's first seed is the task's model."""
     max_seq_len: int = 128
     """Tokens per example."""
     batch_size: int = 32
@@ -428,19 +441,43 @@ class Params:
 
 
 def load_params(path: str | Path) -> Params:
-    """Read and check a params file; raise ConfigError naming the file and key on a bad value."""
+    """Read and check a params file; raise ConfigError naming the file and key on a bad value.
+
+    `extends: other.yaml` (relative to the file) starts from that file: mappings merge key by
+    key, anything else (lists included) replaces. A preset is its differences from params.yaml.
+    """
     path = Path(path)
+    data = _read_yaml(path)
+    params = from_dict(Params, data, f"{path}:")
+    check(params, f"{path}:")
+    return params
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"{path}: params file not found") from None
+        where = f" (extended by {seen[-1]})" if seen else ""
+        raise ConfigError(f"{path}: params file not found{where}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    params = from_dict(Params, data, f"{path}:")
-    check(params, f"{path}:")
-    return params
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    parent = (path.parent / str(base)).resolve()
+    if parent in seen or parent == path.resolve():
+        raise ConfigError(f"{path}:extends: {base} extends itself, in a cycle")
+    return _merge(_read_yaml(parent, (*seen, path.resolve())), data)
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
 
 
 def check(p: Params, where: str) -> None:
@@ -481,10 +518,18 @@ def check(p: Params, where: str) -> None:
          "pretrain.short_seq_len", "must be 0 (off) or between 8 and pairs.max_seq_len"),
         (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",
          "pretrain.span_boundary_objective", "needs pretrain.masking: span"),
+        (0 <= p.pretrain.head_warmup_steps < p.pretrain.max_steps, "pretrain.head_warmup_steps",
+         "must be between 0 and pretrain.max_steps - 1"),
+        (not p.pretrain.head_warmup_steps or p.pretrain.init_from, "pretrain.head_warmup_steps",
+         "needs pretrain.init_from (a fresh model has no pretrained encoder to protect)"),
     ]
     f = p.finetune
     rules += [
         (bool(f.seeds), "finetune.seeds", "needs at least one seed"),
+        ("pretrained" in f.init and len(set(f.init)) == len(f.init), "finetune.init",
+         "must include pretrained (the pretrain stage's encoder), and each init once"),
+        ("checkpoint" not in f.init or p.pretrain.init_from, "finetune.init",
+         "has checkpoint, which needs pretrain.init_from"),
         (f.batch_size >= 1, "finetune.batch_size", "must be at least 1"),
         (f.lr > 0, "finetune.lr", "must be positive"),
         (f.epochs >= 1, "finetune.epochs", "must be at least 1"),

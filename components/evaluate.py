@@ -227,20 +227,27 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")  # a pipe in a task name would split the row
 
 
+ARMS = {"pretrained": "pretrained", "checkpoint": "checkpoint as is", "scratch": "from scratch"}
+
+
 def transfer_table(rows: list[dict]) -> str:
-    """Markdown table of pretrained vs from-scratch vs TF-IDF per task, with the gain and a verdict."""
-    header = ["task", "kind", "metric", "pretrained", "from scratch", "gain", "TF-IDF + LR", "verdict"]
+    """Markdown table per task: each init's score (`ARMS` order; pretrained always), the gain
+    of pretraining over scratch, what continued pretraining added to the checkpoint, TF-IDF,
+    and a verdict."""
+    arms = [a for a in ARMS if any(row.get(a) for row in rows)]
+    gains = [(title, other) for title, other in (("gain", "scratch"), ("vs checkpoint", "checkpoint"))
+             if other in arms]
+    header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
+              "TF-IDF + LR", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        pretrained, scratch, tfidf = row["pretrained"], row.get("scratch"), row.get("tfidf")
-        gain = NO_VALUE if scratch is None else f"{100 * (pretrained['mean'] - scratch['mean']):+.1f}"
-        cells = [
-            row["task"], row["kind"], row["metric"], _pct(pretrained),
-            NO_VALUE if scratch is None else _pct(scratch),
-            gain,
-            NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
-            verdict(pretrained, scratch),
-        ]
+        pretrained, tfidf = row["pretrained"], row.get("tfidf")
+        cells = [row["task"], row["kind"], row["metric"],
+                 *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
+                 *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other) else NO_VALUE
+                   for _, other in gains),
+                 NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
+                 verdict(pretrained, row.get("scratch"))]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -412,7 +419,8 @@ def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Pa
     return stats
 
 
-def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path) -> dict:
+def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
+                    init_from: str = "") -> dict:
     """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools."""
     import json
 
@@ -423,18 +431,22 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
             raise FileNotFoundError(f"{path}: task {name} is not evaluated; run evaluate@{name} first")
         s = json.loads(path.read_text())
         tfidf = s["tfidf"]["accuracy"] if s.get("tfidf") else None
-        rows.append({"task": name, "kind": s["kind"], "metric": s["metric"],
-                     "pretrained": s["primary"]["pretrained"], "scratch": s["primary"].get("scratch"),
-                     "tfidf": tfidf})
-    table = transfer_table(rows)
+        rows.append({"task": name, "kind": s["kind"], "metric": s["metric"], "tfidf": tfidf,
+                     "scratch": None, **s["primary"]})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
+    encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
+               else "pretrained here from random weights")
+    legend = f"*pretrained*: the pretrain stage's encoder ({encoder}); "
+    if any(r.get("checkpoint") for r in rows):
+        legend += (f"*checkpoint as is*: {init_from} fine-tuned without continued pretraining; "
+                   "*vs checkpoint*: pretrained minus checkpoint as is, in points; ")
     text = ("# What pretraining bought\n\nTest-split scores, mean ± sample std over "
-            f"{seeds} seeds, in percent. *gain*: pretrained minus from scratch, in points; "
-            "*pretraining helps* when the gain exceeds the larger seed std.\n\n" + table)
+            f"{seeds} seeds, in percent. {legend}*gain*: pretrained minus from scratch, in "
+            "points; *pretraining helps* when the gain exceeds the larger seed std.\n\n"
+            + transfer_table(rows))
     with atomic_file(md_path) as tmp:
         tmp.write_text(text)
-    summary = {r["task"]: {"kind": r["kind"], "metric": r["metric"], "pretrained": r["pretrained"],
-                           "scratch": r["scratch"], "tfidf": r["tfidf"],
+    summary = {r["task"]: {**{k: v for k, v in r.items() if k != "task"},
                            "verdict": verdict(r["pretrained"], r["scratch"])} for r in rows}
     with atomic_file(json_path) as tmp:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -1,11 +1,11 @@
-"""Stage `finetune@task`: one LightningModule for every task kind, from the pretrained encoder
-and from scratch, over the seeds of params.yaml.
+"""Stage `finetune@task`: one LightningModule for every task kind, from each init of
+`finetune.init` (the pretrained encoder, random weights, an imported checkpoint) and each seed.
 
 Examples are encoded once (the tokenizer of the encoder), batched by length so that short
 sentences are not padded to the longest of the split, and kept in memory (tasks are small).
 Validation runs a few times per epoch; early stopping and the best checkpoint follow the task's
 primary metric (accuracy, or entity F1 for token and span tasks). Each run writes its test
-predictions; `evaluate@task` scores them. The first seed's pretrained run is exported as the
+predictions; `evaluate@task` scores them. The first init's first seed is exported as the
 task's model (safetensors + config + tokenizer + label map).
 
 Shapes: B batch, T subword positions, C labels, W words, S enumerated spans.
@@ -29,12 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
+from components.checkpoint import read_weights
 from components.config import FinetuneConfig, TaskConfig
-from components.errors import DataError
+from components.errors import ConfigError, DataError
 from components.io import atomic_dir, write_json
 from components.model import IGNORE, BertConfig, BertForPretraining, build_model, load_hf_state_dict
 from components.pretrain import mix, resolve_precision
 from components.progress import bar
+from components.tokenizer import TOKENIZER_FILES
 
 log = logging.getLogger(__name__)
 NULL = "NULL"  # span label of a span that is no entity
@@ -375,21 +377,9 @@ def model_tokenizer(model_dir: Path, cfg: BertConfig):
     return tokenizer
 
 
-def read_weights(path: Path) -> dict:
-    """A safetensors file's tensors (safetensors: loading can't run code), or a clear error."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if not Path(path).exists():
-        raise DataError(f"{path}: missing; the model folder is incomplete")
-    try:
-        return load_file(path)
-    except SafetensorError as e:
-        raise DataError(f"{path}: not readable as safetensors ({e}); the file is damaged") from None
-
-
 def pretraining_model(encoder_dir: Path, cfg: BertConfig) -> BertForPretraining:
-    """The exported encoder with its pretraining heads (MLM, NSP), weights loaded."""
+    """The exported encoder with its pretraining heads (MLM, NSP), weights loaded; heads an
+    imported checkpoint lacks stay as initialised (they are not used for fine-tuning)."""
     state = read_weights(Path(encoder_dir) / "model.safetensors")
     pretrained = BertForPretraining(cfg)
     if (Path(encoder_dir) / "config.json").exists():  # post-norm: transformers' names
@@ -426,14 +416,14 @@ class RunSpec:
 
     kind: str
     space: list[str]
-    init: str  # "pretrained" or "scratch"
+    init: str  # "pretrained", "scratch" or "checkpoint"
     seed: int
     epochs: int
     max_span_words: int
     span_decoding: str
 
 
-def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: Path,
+def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | None,
             valid: list[Encoded], valid_gold: pa.Table, steps: int):
     import lightning as L
 
@@ -443,9 +433,9 @@ def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: P
         def __init__(self) -> None:
             super().__init__()
             self.model = task_model(bert, spec.kind, spec.space, cfg.crf, spec.max_span_words)
-            if spec.init == "pretrained":
-                load_encoder_weights(self.model, encoder_dir, bert)
-                # Only pretrained layers are worth keeping: the baseline always trains them all.
+            if weights is not None:
+                load_encoder_weights(self.model, weights, bert)
+                # Only pretrained layers are worth keeping: from scratch always trains them all.
                 freeze_all_but_last(self.model, cfg.train_last_k)
             self.history: list[dict] = []
             self._losses: list[float] = []
@@ -483,17 +473,17 @@ def _module(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: P
     return FinetuneModule()
 
 
-def train_run(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, encoder_dir: Path,
+def train_run(spec: RunSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | None,
               train: list[Encoded], valid: list[Encoded], valid_gold: pa.Table, work: Path):
-    """Fit one run with early stopping; return the model at its best validation pass and the
-    validation history."""
+    """Fit one run with early stopping, from the encoder in `weights` (None: random weights);
+    return the model at its best validation pass and the validation history."""
     import lightning as L
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     L.seed_everything(spec.seed, workers=True, verbose=False)
     data = Batches(train, spec.kind, cfg.batch_size, spec.seed)
     steps = len(data)
-    module = _module(spec, bert, cfg, encoder_dir, valid, valid_gold, steps)
+    module = _module(spec, bert, cfg, weights, valid, valid_gold, steps)
     # Validation a few times per epoch (not on a partial last interval): early stopping and
     # the best checkpoint see the model as it improves, not only at epoch ends.
     interval = max(1, steps // cfg.evals_per_epoch)
@@ -523,6 +513,7 @@ class TaskRuns:
     bert: BertConfig
     labels: list[str]
     encoder_dir: Path
+    weights: dict[str, Path | None]  # init -> the encoder folder it starts from
     out: Path  # the stage's temporary output folder
     encoded: dict[str, list[Encoded]]
     valid_gold: pa.Table
@@ -530,9 +521,9 @@ class TaskRuns:
 
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
-                  encoder_dir: Path, out_dir: Path) -> dict:
-    """Every run of one task (pretrained and, with `baseline`, from scratch, for each seed):
-    test predictions and validation curves per run, and the exported first pretrained run."""
+                  encoder_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None) -> dict:
+    """Every run of one task (each init of `cfg.init`, each seed): test predictions and
+    validation curves per run, and the exported first run of the first init."""
     from components.tasks import read_meta, read_split
 
     if not (Path(encoder_dir) / "bertflow.json").exists():
@@ -543,17 +534,19 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     bert = pretrained_config(encoder_dir)
     tokenizer = model_tokenizer(encoder_dir, bert)
     read_weights(Path(encoder_dir) / "model.safetensors")  # fail now, not in every run's process
+    weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir}
+    if "checkpoint" in cfg.init:
+        _check_same_shape(checkpoint_dir, bert, encoder_dir)
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
                          cfg.label_subwords, task.max_span_words) for s, t in splits.items()}
-    runs = [(init, seed) for init in (["pretrained", "scratch"] if cfg.baseline else ["pretrained"])
-            for seed in cfg.seeds]
+    runs = [(init, seed) for init in cfg.init for seed in cfg.seeds]
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
                    "train_examples": len(encoded["train"]), "runs": {}}
     with atomic_dir(out_dir) as tmp:
         (tmp / "runs").mkdir()
-        shared = TaskRuns(name, task, cfg, bert, meta["labels"], Path(encoder_dir), tmp, encoded,
+        shared = TaskRuns(name, task, cfg, bert, meta["labels"], Path(encoder_dir), weights, tmp, encoded,
                           splits["valid"], max_len)
         workers = run_workers(cfg.workers, len(runs))
         if workers == 1:
@@ -567,6 +560,21 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
         stats["workers"] = workers
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
+
+
+def _check_same_shape(checkpoint_dir: Path | None, bert: BertConfig, encoder_dir: Path) -> None:
+    """The `checkpoint` arm shares the encoder's tokenizer and shape: it must be its start."""
+    from components.checkpoint import read_info
+
+    info = read_info(checkpoint_dir) if checkpoint_dir is not None else {"init_from": ""}
+    if not info["init_from"]:
+        raise ConfigError("finetune.init has checkpoint, but no checkpoint was imported "
+                          "(pretrain.init_from is empty)")
+    ours = {k: getattr(bert, k) for k in ("vocab_size", "hidden", "layers", "heads", "intermediate")}
+    theirs = {k: info["config"][k] for k in ours}
+    if ours != theirs:
+        raise DataError(f"finetune.init checkpoint: {checkpoint_dir} ({theirs}) is not the shape "
+                        f"of the encoder {encoder_dir} ({ours}); rerun the pretrain stage")
 
 
 def run_workers(workers: int, runs: int) -> int:
@@ -611,14 +619,14 @@ def _worker_run(run: tuple[str, int]) -> dict:
 
 def train_and_predict(shared: TaskRuns, init: str, seed: int) -> dict:
     """One run: train, predict the test split, write `runs/<init>-s<seed>.{parquet,json}`; the
-    first seed's pretrained run is also exported as the task's model."""
+    first init's first seed is also exported as the task's model."""
     task, cfg, encoded = shared.task, shared.cfg, shared.encoded
     space = label_space(task.kind, shared.labels)
     run = f"{init}-s{seed}"
     spec = RunSpec(task.kind, space, init, seed, task.epochs or cfg.epochs, task.max_span_words,
                    task.span_decoding)
     start = time.perf_counter()
-    model, history, steps = train_run(spec, shared.bert, cfg, shared.encoder_dir, encoded["train"],
+    model, history, steps = train_run(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
                                       encoded["valid"], shared.valid_gold, shared.out / "work" / run)
     threshold = None
     if task.kind == "span" and cfg.span_threshold:
@@ -632,7 +640,7 @@ def train_and_predict(shared: TaskRuns, init: str, seed: int) -> dict:
     write_json(shared.out / "runs" / f"{run}.json", summary)
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, run, best,
              steps, summary["minutes"])
-    if init == "pretrained" and seed == cfg.seeds[0]:
+    if init == cfg.init[0] and seed == cfg.seeds[0]:
         export(model, shared, run, space, threshold)
     return summary
 
@@ -667,7 +675,7 @@ def export(model, shared: TaskRuns, run: str, space: list[str], threshold: float
     out = shared.out / "model"
     out.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
-    for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+    for f in TOKENIZER_FILES:
         if (shared.encoder_dir / f).exists():
             shutil.copy(shared.encoder_dir / f, out / f)
     write_json(out / "bertflow.json", {

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from components.errors import DataError
 from components.io import atomic_dir, write_json
+from components.tokenizer import TOKENIZER_FILES
 
 ARCHITECTURES = {"classification": "BertForSequenceClassification",
                  "pair": "BertForSequenceClassification", "token": "BertForTokenClassification"}
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
@@ -23,7 +23,7 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
     errors name the model as `name` (default: its folder)."""
     from safetensors.torch import save_file
 
-    from components.finetune import read_weights
+    from components.checkpoint import read_weights
     from components.model import BertConfig, BertForPretraining, hf_config, hf_state_dict
 
     model_dir = Path(model_dir)

@@ -47,7 +47,8 @@ class TaskModel:
 
 def load_task_model(model_dir: Path) -> TaskModel:
     """Weights (safetensors), config, tokenizer and label map of an exported task model."""
-    from components.finetune import model_tokenizer, read_weights, task_model
+    from components.checkpoint import read_weights
+    from components.finetune import model_tokenizer, task_model
     from components.model import BertConfig
 
     model_dir = Path(model_dir)

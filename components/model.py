@@ -369,15 +369,33 @@ def hf_state_dict(model: BertForPretraining) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().clone() for k, v in out.items()}
 
 
-def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]) -> None:
-    """Inverse of hf_state_dict: load transformers-named weights into our model."""
-    new = {name: state[hf] for name, hf in _hf_names(model.cfg).items()}
+def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]) -> list[str]:
+    """Inverse of hf_state_dict: load transformers-named weights into our model.
+
+    The encoder must be complete. A head the state lacks in whole or in part (pooler, mlm, nsp;
+    sbo is never in transformers' layout) keeps its initialisation: the names of those heads
+    are returned, so the caller can say so and train them.
+    """
+    names = _hf_names(model.cfg)
+    for i in range(model.cfg.layers):
+        for kind in ("weight", "bias"):
+            fused, split = _qkv(i, kind)
+            names.update({f"{fused}#{j}": hf for j, hf in enumerate(split)})
+    missing = [hf for ours, hf in names.items() if ours.startswith("encoder.") and hf not in state]
+    if missing:
+        raise KeyError(f"the encoder is incomplete: no {', '.join(missing[:3])}"
+                       f"{' ...' if len(missing) > 3 else ''}")
+    fresh = sorted({ours.split(".")[0] for ours, hf in names.items() if hf not in state})
+    new = {ours: state[hf] for ours, hf in names.items()
+           if "#" not in ours and ours.split(".")[0] not in fresh}
     for i in range(model.cfg.layers):
         for kind in ("weight", "bias"):
             fused, split = _qkv(i, kind)
             new[fused] = torch.cat([state[k] for k in split], dim=0)
     new["mlm.decoder.weight"] = new["encoder.embeddings.word.weight"]  # the tied decoder
-    model.load_state_dict(new, strict=True)
+    _, unexpected = model.load_state_dict(new, strict=False)
+    assert not unexpected, unexpected
+    return fresh + (["sbo"] if model.sbo is not None else [])
 
 
 def count_flops_per_token(cfg: BertConfig, seq_len: int, predicted_fraction: float) -> float:

@@ -235,7 +235,9 @@ def lr_lambda(warmup: int, total: int):
     return f
 
 
-def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig):
+def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig, start=None, fresh: tuple[str, ...] = ()):
+    """The Lightning module around `start` (a checkpoint's model whose heads `fresh` are new)
+    or around a newly initialised model."""
     import lightning as L
 
     class PretrainModule(L.LightningModule):
@@ -243,7 +245,7 @@ def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig):
 
         def __init__(self) -> None:
             super().__init__()
-            self.model = build_model(model_cfg)
+            self.model = start if start is not None else build_model(model_cfg)
             self._val: dict[str, float] = {}
             self._tick: tuple[float, int] | None = None
             self.tokens_seen = 0
@@ -272,6 +274,14 @@ def _lightning_module(model_cfg: BertConfig, cfg: PretrainConfig):
                 seen = self.all_gather(batch["instance_id"])  # (world, B)
                 self.ddp_overlap = len(set(seen[0].tolist()) & set(seen[1].tolist()))
             return out["loss"]
+
+        def on_before_optimizer_step(self, optimizer) -> None:
+            # Head warm-up: only the heads a checkpoint lacked learn; AdamW skips a parameter
+            # without a gradient (no update, no weight decay), so the encoder stays as it came.
+            if self.global_step < cfg.head_warmup_steps:
+                for name, p in self.model.named_parameters():
+                    if name.split(".")[0] not in fresh:
+                        p.grad = None
 
         def on_validation_epoch_start(self) -> None:
             self._val = {"correct": 0.0, "total": 0.0, "loss": 0.0, "nsp_correct": 0.0,
@@ -335,10 +345,11 @@ def resolve_precision(precision: str) -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
-def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path) -> str:
+def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
+                    start: dict) -> str:
     """Identity of a training run: checkpoints are reused only by the run they belong to."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(json.dumps([asdict(model_cfg), asdict(cfg)], sort_keys=True).encode())
+    h.update(json.dumps([asdict(model_cfg), asdict(cfg), start], sort_keys=True).encode())
     h.update((Path(tokenizer_dir) / "tokenizer.json").read_bytes())
     for split in ("train", "heldout"):
         for path in list_shards(Path(pairs_dir) / split):
@@ -373,9 +384,27 @@ def checked_checkpoint(path: Path) -> Path:
     return path
 
 
+def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int, checkpoint: dict) -> BertConfig:
+    """The shape to train: model.preset's, or the imported checkpoint's (bertflow.json of the
+    checkpoint stage), whose vocabulary must be the tokenizer's."""
+    if not checkpoint["init_from"]:
+        return bert_config(model, vocab_size, cfg)
+    bert = BertConfig(**checkpoint["config"])
+    if bert.vocab_size != vocab_size:
+        raise DataError(f"pretrain: the checkpoint {checkpoint['init_from']} has a vocabulary of "
+                        f"{bert.vocab_size} but the tokenizer has {vocab_size} tokens; rerun the "
+                        f"tokenizer stage, which takes the checkpoint's tokenizer")
+    log.info("pretrain: continuing %s (%d layers x %d hidden); model.preset (%s) and "
+             "embedding_init do not apply", checkpoint["init_from"], bert.layers, bert.hidden,
+             model.preset)
+    return replace(bert, dropout=cfg.dropout, sbo=cfg.masking == "span" and cfg.span_boundary_objective)
+
+
 def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
-             out_dir: Path, work_dir: Path, mlflow_run: tuple[str, str] | None = None) -> dict:
-    """Train, resuming from `work_dir`'s last checkpoint of the same run, and export to `out_dir`.
+             out_dir: Path, work_dir: Path, checkpoint_dir: Path | None = None,
+             mlflow_run: tuple[str, str] | None = None) -> dict:
+    """Train (from nothing, or on from the checkpoint stage's output in `checkpoint_dir`),
+    resuming from `work_dir`'s last checkpoint of the same run, and export to `out_dir`.
 
     `mlflow_run` is (tracking URI, run id) of the stage's MLflow run, which Lightning's
     MLFlowLogger writes the curves into.
@@ -383,19 +412,27 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
+    from components.checkpoint import load_checkpoint, read_info
     from components.tokenizer import load
 
     pairs_dir, tokenizer_dir = Path(pairs_dir), Path(tokenizer_dir)
     vocab_size = load(tokenizer_dir).get_vocab_size()
-    bert = bert_config(model, vocab_size, cfg)
-    ckpt_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir)
+    checkpoint = read_info(checkpoint_dir) if checkpoint_dir is not None else {"init_from": ""}
+    bert = start_config(model, cfg, vocab_size, checkpoint)
+    ckpt_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir, checkpoint)
     last = ckpt_dir / "last.ckpt"
     resume = checked_checkpoint(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = _lightning_module(bert, cfg)
+    start, fresh = None, []
+    if checkpoint["init_from"]:
+        start, fresh = load_checkpoint(checkpoint_dir, bert)
+        log.info("pretrain: heads the checkpoint %s lacks start fresh: %s%s", checkpoint["init_from"],
+                 ", ".join(fresh) or "none", f"; only they train for the first {cfg.head_warmup_steps} "
+                 f"steps" if cfg.head_warmup_steps else "")
+    module = _lightning_module(bert, cfg, start, tuple(fresh))
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
     masker = Masker(spec)
-    if cfg.embedding_init == "corpus_svd" and resume is None:  # a resumed run has its weights
+    if cfg.embedding_init == "corpus_svd" and start is None and resume is None:  # else it has weights
         from components.static_vectors import cooccurrence, ppmi_svd
 
         counts = cooccurrence(pairs_dir / "train", vocab_size, spec.special_ids)
@@ -440,11 +477,13 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
                                           world=trainer.world_size, shuffle=False, epochs=1),
                               batch_size=None)
 
-    start = time.perf_counter()
+    if start is not None and resume is None:  # where continued pretraining starts from
+        trainer.validate(module, datamodule=Data(), verbose=False)
+    began = time.perf_counter()
     # weights_only: tensors and plain containers; a checkpoint can't run code when it is read.
     trainer.fit(module, datamodule=Data(), ckpt_path=str(resume) if resume else None,
                 weights_only=True)
-    minutes = (time.perf_counter() - start) / 60
+    minutes = (time.perf_counter() - began) / 60
     if trainer.global_step % cfg.val_every_steps:  # the final evaluation, if not just done
         trainer.validate(module, datamodule=Data(), verbose=False)
     if not trainer.is_global_zero:
@@ -458,12 +497,16 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
         "perplexity": final.get("val/perplexity"), "nsp_accuracy": final.get("val/nsp_accuracy"),
         "world_size": trainer.world_size, "precision": resolve_precision(cfg.precision),
     }
+    if checkpoint["init_from"]:
+        stats.update(init_from=checkpoint["init_from"], fresh_heads=fresh)
+        if history and history[0]["step"] == 0:  # the checkpoint as it came, with fresh heads
+            stats.update({f"start_{k.split('/')[1]}": v for k, v in history[0].items() if "/" in k})
     if module.ddp_overlap is not None:
         stats["ddp_first_batch_overlap"] = module.ddp_overlap
     stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
     # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
     export(module.model, replace(bert, dropout=model.dropout), tokenizer_dir, out_dir,
-           {"stats": stats, "history": history})
+           {"stats": stats, "history": history, "init_from": checkpoint["init_from"]})
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the export is the product; checkpoints were for resuming
     return {**stats, "history": history}
 
@@ -498,7 +541,8 @@ def export(model, bert: BertConfig, tokenizer_dir: Path, out_dir: Path, info: di
             save_file({k: v.contiguous() for k, v in model.state_dict().items()
                        if k != "mlm.decoder.weight"}, tmp / "model.safetensors")
         for f in Path(tokenizer_dir).iterdir():
-            shutil.copy(f, tmp / f.name)
+            if f.name not in ("model.safetensors", "config.json", "bertflow.json"):  # tokenizer files only
+                shutil.copy(f, tmp / f.name)
         write_json(tmp / "bertflow.json", {"config": asdict(bert), **info})
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from components.config import flatten
 
-DATA_STAGES = ("ingest", "clean", "tokenizer", "pairs")
+DATA_STAGES = ("ingest", "clean", "checkpoint", "tokenizer", "pairs")
 NOT_SHOWN = ("problems", "train.length_histogram", "heldout.length_histogram")  # long lists
 STYLE = " ".join("""
 body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -39,6 +40,15 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def markdown_table(md: str) -> str:
+    """A Markdown pipe table (the header, the rule, rows) as an HTML table."""
+    def cells(line: str) -> list[str]:
+        return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    return table(cells(lines[0]), [cells(line) for line in lines[2:]])
+
+
 def image(path: Path, alt: str) -> str:
     """A PNG inline as a data URI ('' if it is not there)."""
     if not path.exists():
@@ -59,16 +69,10 @@ def _key_values(stats: dict, skip: tuple[str, ...] = ()) -> str:
 
 
 def _transfer(transfer: dict) -> str:
-    rows = []
-    for task, t in transfer.items():
-        pre, scratch = t["pretrained"], t.get("scratch")
-        rows.append([task, t["kind"], t["metric"], f"{100 * pre['mean']:.1f} ± {100 * pre['std']:.1f}",
-                     f"{100 * scratch['mean']:.1f} ± {100 * scratch['std']:.1f}" if scratch else "—",
-                     f"{100 * (pre['mean'] - scratch['mean']):+.1f}" if scratch else "—",
-                     f"{100 * t['tfidf']:.1f}" if t.get("tfidf") is not None else "—",
-                     t.get("verdict", "")])
-    return table(["task", "kind", "metric", "pretrained", "from scratch", "gain (points)",
-                  "TF-IDF + LR", "verdict"], rows)
+    from components.evaluate import transfer_table
+
+    rows = [{"task": task, **t} for task, t in transfer.items()]
+    return markdown_table(transfer_table(rows)) if rows else '<p class="muted">not run yet</p>'
 
 
 def _task(name: str, folder: Path) -> str:

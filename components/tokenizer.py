@@ -25,6 +25,8 @@ from components.io import atomic_dir, iter_rows, list_shards
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4, in this order
 TOKENIZER_FILE = "tokenizer.json"
+# What a model folder carries of a WordPiece tokenizer, for this pipeline and for transformers.
+TOKENIZER_FILES = (TOKENIZER_FILE, "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def _sentences(folder: Path) -> Iterator[str]:
@@ -82,7 +84,8 @@ def _canonical_ids(tok):
     return Tokenizer.from_str(json.dumps(data))
 
 
-def _add_template(tok) -> None:
+def add_template(tok) -> None:
+    """BERT's post-processor: [CLS] A [SEP] for one text, [CLS] A [SEP] B [SEP] (segment 1) for two."""
     from tokenizers import processors
 
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
@@ -93,7 +96,8 @@ def _add_template(tok) -> None:
     )
 
 
-def _transformers_files(cfg: TokenizerConfig, out: Path, max_len: int) -> None:
+def transformers_files(cfg: TokenizerConfig, out: Path, max_len: int) -> None:
+    """tokenizer_config.json and special_tokens_map.json, for transformers' `from_pretrained`."""
     # Written by hand rather than with transformers' save_pretrained: it keeps the stage free of
     # a 5 s import, and these few keys are all `from_pretrained` reads.
     specials = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
@@ -154,7 +158,7 @@ def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
     tok.train_from_iterator(_sentences(train), trainer)
     if cfg.kind == "wordpiece":
         tok = _canonical_ids(tok)
-    _add_template(tok)
+    add_template(tok)
     vocab = tok.get_vocab_size()
     stats = {"vocab_size": vocab, "vocab_size_requested": cfg.vocab_size, "kind": cfg.kind}
     if vocab < cfg.vocab_size:
@@ -166,12 +170,31 @@ def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
     with atomic_dir(out_dir) as tmp:
         tok.save(str(tmp / TOKENIZER_FILE))
         if cfg.kind == "wordpiece":
-            # vocab.txt in id order; identical to what BertTokenizer(vocab_file=...) expects.
-            inverse = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-            (tmp / "vocab.txt").write_text("".join(t + "\n" for t, _ in inverse), encoding="utf-8")
+            write_vocab(tok, tmp)
         else:
             tok.model.save(str(tmp))
-        _transformers_files(cfg, tmp, max_len)
+        transformers_files(cfg, tmp, max_len)
+    return stats
+
+
+def write_vocab(tok, folder: Path) -> None:
+    """vocab.txt in id order: what BertTokenizer(vocab_file=...) expects."""
+    inverse = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    (Path(folder) / "vocab.txt").write_text("".join(t + "\n" for t, _ in inverse), encoding="utf-8")
+
+
+def adopt_checkpoint_tokenizer(checkpoint_dir: Path, clean_dir: Path, out_dir: Path) -> dict:
+    """The tokenizer stage with `pretrain.init_from`: the checkpoint's tokenizer, not a learned
+    one (its embeddings index that vocabulary), measured on the held-out sentences all the same."""
+    from components.checkpoint import read_info
+
+    info = read_info(checkpoint_dir)
+    tok = load(checkpoint_dir)
+    stats = {"kind": "checkpoint", "init_from": info["init_from"], "vocab_size": tok.get_vocab_size(),
+             **heldout_stats(tok, Path(clean_dir) / "heldout")}
+    with atomic_dir(out_dir) as tmp:
+        for name in TOKENIZER_FILES:
+            (tmp / name).write_bytes((Path(checkpoint_dir) / name).read_bytes())
     return stats
 
 

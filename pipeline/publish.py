@@ -73,10 +73,11 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
                 continue
             exported = read_json(model_dir / "bertflow.json")["run"]
             metric = stats["runs"][exported][stats["metric"]]
+            init = exported.rsplit("-s", 1)[0]  # the arm the exported run belongs to
             tags = {**code, **_dvc_tags(params_path, f"finetune@{task}", f"evaluate@{task}"),
                     "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.run": exported,
                     "bertflow.encoder_version": str(encoder_version or "none"),
-                    "bertflow.metric_mean": f"{stats['primary']['pretrained']['mean']:.6f}"}
+                    "bertflow.metric_mean": f"{stats['primary'][init]['mean']:.6f}"}
             done = registry.register_task(client, run, task, stats["kind"], model_dir,
                                           _example(root / p.paths.tasks / task, stats["kind"]),
                                           stats["metric"], metric, tags)

@@ -57,9 +57,20 @@ def _clean(p: Params, root: Path, run: Run | None, task: str) -> dict:
     return clean(p.clean, p.executor, root / p.paths.raw, root / p.paths.clean)
 
 
-def _tokenizer(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.tokenizer import train_tokenizer
+def _checkpoint(p: Params, root: Path, run: Run | None, task: str) -> dict:
+    from components.checkpoint import import_checkpoint
 
+    return import_checkpoint(p.pretrain.init_from, root, root / p.paths.packages,
+                             root / p.paths.checkpoint)
+
+
+def _tokenizer(p: Params, root: Path, run: Run | None, task: str) -> dict:
+    from components.checkpoint import read_info
+    from components.tokenizer import adopt_checkpoint_tokenizer, train_tokenizer
+
+    checkpoint = root / p.paths.checkpoint
+    if read_info(checkpoint)["init_from"]:  # its embeddings index its own vocabulary
+        return adopt_checkpoint_tokenizer(checkpoint, root / p.paths.clean, root / p.paths.tokenizer)
     return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
                            max_len=p.model.max_position)
 
@@ -76,7 +87,7 @@ def _pretrain(p: Params, root: Path, run: Run | None, task: str) -> dict:
 
     encoder = root / p.paths.models / "encoder"
     stats = pretrain(p.model, p.pretrain, root / p.paths.pairs, root / p.paths.tokenizer, encoder,
-                     root / p.paths.models / "pretrain-checkpoints",
+                     root / p.paths.models / "pretrain-checkpoints", root / p.paths.checkpoint,
                      mlflow_run=(run.uri, run.run_id) if run else None)
     if run is None:  # a non-zero rank: rank 0 writes and records everything
         return stats
@@ -98,7 +109,7 @@ def _finetune(p: Params, root: Path, run: Run | None, task: str) -> dict:
 
     out = root / p.paths.models / "tasks" / task
     stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
-                          root / p.paths.models / "encoder", out)
+                          root / p.paths.models / "encoder", out, root / p.paths.checkpoint)
     if run is not None:
         run.log_artifact(out / "model", "model")
     return stats
@@ -116,17 +127,18 @@ def _transfer(p: Params, root: Path, run: Run | None, task: str) -> dict:
 
     metrics = root / p.paths.metrics
     return transfer_report(list(p.finetune.tasks), metrics / "tasks", metrics / "transfer.md",
-                           metrics / "transfer.json")
+                           metrics / "transfer.json", p.pretrain.init_from)
 
 
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
-    "seeds", "baseline", "max_seq_len", "batch_size", "lr", "weight_decay", "epochs",
+    "seeds", "init", "max_seq_len", "batch_size", "lr", "weight_decay", "epochs",
     "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold",
     "workers", "deterministic"))
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",)),
     Stage("clean", _clean, ("clean",)),
+    Stage("checkpoint", _checkpoint, ("pretrain.init_from",)),
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position"),
           artifacts=lambda p, root, task: [root / p.paths.tokenizer]),
     Stage("pairs", _pairs, ("pairs",)),
@@ -136,7 +148,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS), per_task=True),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
           artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),
-    Stage("transfer", _transfer, ("finetune.tasks", "evaluate"),
+    Stage("transfer", _transfer, ("finetune.tasks", "evaluate", "pretrain.init_from"),
           artifacts=lambda p, root, task: [root / p.paths.metrics / "transfer.md"]),
 ]}
 

@@ -189,7 +189,7 @@ def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
     from components.finetune import finetune_task
 
     task = TaskConfig("classification", "unused", epochs=1)
-    return finetune_task("reviews", task, FinetuneConfig(seeds=[1], baseline=False, workers=1),
+    return finetune_task("reviews", task, FinetuneConfig(seeds=[1], init=["pretrained"], workers=1),
                          task_dir, encoder_dir, out / "model")
 
 

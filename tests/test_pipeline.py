@@ -10,7 +10,7 @@ import yaml
 
 from tests.conftest import run_cli
 
-DATA_STAGES = ["ingest", "clean", "tokenizer", "pairs"]
+DATA_STAGES = ["ingest", "clean", "checkpoint", "tokenizer", "pairs"]
 
 
 def _statuses(results: dict) -> dict[str, str]:
@@ -44,7 +44,8 @@ def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_harn
     data["tokenizer"]["vocab_size"] = 1500
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     assert _statuses(pipeline_flow(params, "pairs")) == {
-        "ingest": "skipped", "clean": "skipped", "tokenizer": "ran", "pairs": "ran"}
+        "ingest": "skipped", "clean": "skipped", "checkpoint": "skipped", "tokenizer": "ran",
+        "pairs": "ran"}
     assert _dvc_clean(repo)
 
     # The DVC path runs the same stage code through the CLI, and agrees that nothing is stale.
