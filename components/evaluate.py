@@ -419,6 +419,24 @@ def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Pa
     return stats
 
 
+def compare_transfer(runs: dict[str, dict]) -> str:
+    """Markdown table of several runs' transfer.json side by side: a column per run and init
+    (`LABEL init`), tasks in the first run's order; the arms of runs with other encoders, e.g.
+    the default encoder and a continued checkpoint, read as one table."""
+    columns = [(label, arm) for label, table in runs.items() for arm in ARMS
+               if any(t.get(arm) for t in table.values())]
+    header = ["task", "metric", *(f"{label} {ARMS[arm]}" for label, arm in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    tasks = list(dict.fromkeys(task for table in runs.values() for task in table))
+    for task in tasks:
+        first = next(table[task] for table in runs.values() if task in table)
+        cells = [task, first["metric"], *(_pct(runs[label][task][arm])
+                                          if runs[label].get(task, {}).get(arm) else NO_VALUE
+                                          for label, arm in columns)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
                     init_from: str = "") -> dict:
     """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools."""

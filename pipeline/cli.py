@@ -217,6 +217,24 @@ def report(
 
 
 @app.command()
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="LABEL=PATH of each run's transfer.json, e.g. "
+                                                   "mini=metrics/transfer.json.")],
+) -> None:
+    """Print several runs' transfer tables as one Markdown table: a column per run and init."""
+    from components.evaluate import compare_transfer
+    from components.io import read_json
+
+    tables = {}
+    for item in runs:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not Path(path).is_file():
+            raise BertflowError(f"{item}: expected LABEL=PATH of an existing transfer.json")
+        tables[label] = read_json(Path(path))
+    typer.echo(compare_transfer(tables), nl=False)
+
+
+@app.command()
 def ui(
     port: Annotated[int, typer.Option(help="The port.")] = 5000,
     host: Annotated[str, typer.Option(help="The interface (loopback: this machine only).")] = "127.0.0.1",

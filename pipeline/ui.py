@@ -56,7 +56,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the UI as Ctrl-C does
+    raise KeyboardInterrupt  # SIGTERM (and SIGINT, whatever it inherited) stop the UI alike
 
 
 def serve_ui(params: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
@@ -65,11 +65,14 @@ def serve_ui(params: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
 
     proc = subprocess.Popen(mlflow_ui_command(params, host, port), start_new_session=True)
     typer.echo(f"MLflow UI: http://{host}:{port} (Ctrl-C stops it)\n{PREFECT_HINT}")
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too: a process started in the background of a script inherits SIGINT ignored,
+    # and `kill -INT` (or Ctrl-C once it is brought to the foreground) must still stop it.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         return proc.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stop_group(proc)
