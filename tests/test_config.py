@@ -112,6 +112,10 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("pairs.max_seq_len", 1024, "pairs.max_seq_len: must not exceed model.max_position (512)"),
     ("model.preset", "huge", "model.preset: must be one of ['base', 'mini', 'tiny']"),
     ("pretrain.warmup_steps", 10**9, "pretrain.warmup_steps: must be between 0 and pretrain.max_steps"),
+    ("pretrain.head_warmup_steps", 10, "pretrain.head_warmup_steps: needs pretrain.init_from"),
+    ("finetune.init", ["scratch"], "finetune.init: must include pretrained"),
+    ("finetune.init", ["pretrained", "checkpoint"], "finetune.init: has checkpoint, which needs "
+                                                    "pretrain.init_from"),
 ])
 def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -127,6 +131,29 @@ def test_nested_errors_name_the_list_item():
                   "p:")
     with pytest.raises(ConfigError, match=r"ingest.sources\[0\].name: missing required key"):
         from_dict(Params, {"ingest": {"sources": [{"kind": "jsonl"}]}}, "p:")
+
+
+def test_the_minilm_preset_is_its_differences_from_params_yaml():
+    preset, base = load_params(ROOT / "params-minilm.yaml"), load_params(ROOT / "params.yaml")
+    assert preset.pretrain.init_from == "all-minilm-l6-v2"
+    assert preset.finetune.init == ["pretrained", "checkpoint", "scratch"]
+    # Shared: the corpus, the tasks and everything not named; apart: what the encoder shapes.
+    assert (preset.paths.clean, preset.paths.tasks, preset.finetune.tasks, preset.pairs) == \
+        (base.paths.clean, base.paths.tasks, base.finetune.tasks, base.pairs)
+    assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
+
+
+def test_extends_merges_mappings_and_names_a_missing_or_circular_base(tmp_path):
+    (tmp_path / "base.yaml").write_text("pairs: {seed: 7, max_seq_len: 64}\nfinetune: {seeds: [1, 2]}\n")
+    (tmp_path / "p.yaml").write_text("extends: base.yaml\npairs: {seed: 8}\nfinetune: {seeds: [3]}\n")
+    p = load_params(tmp_path / "p.yaml")
+    assert (p.pairs.seed, p.pairs.max_seq_len, p.finetune.seeds) == (8, 64, [3])  # lists replace
+    (tmp_path / "q.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"nowhere.yaml: params file not found \(extended by .*q.yaml\)"):
+        load_params(tmp_path / "q.yaml")
+    (tmp_path / "base.yaml").write_text("extends: p.yaml\n")
+    with pytest.raises(ConfigError, match="extends itself, in a cycle"):
+        load_params(tmp_path / "p.yaml")
 
 
 def test_partial_params_fall_back_to_defaults():

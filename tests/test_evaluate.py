@@ -10,6 +10,7 @@ import pytest
 from components.evaluate import (
     bio_to_spans,
     classification_metrics,
+    compare_transfer,
     entity_metrics,
     spans_to_bio,
     summarize,
@@ -232,6 +233,29 @@ def test_transfer_table_single_seed_is_flagged():
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.9]),
            "scratch": summarize([0.8]), "tfidf": None}
     assert _table_rows(transfer_table([row]))[0][-1] == "pretraining helps (single seed: spread unknown)"
+
+
+def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added():
+    row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.90, 0.92]),
+           "checkpoint": summarize([0.86, 0.88]), "scratch": summarize([0.70, 0.72]), "tfidf": None}
+    lines = transfer_table([row]).splitlines()
+    assert lines[0] == ("| task | kind | metric | pretrained | checkpoint as is | from scratch | gain | "
+                        "vs checkpoint | TF-IDF + LR | verdict |")
+    assert _table_rows("\n".join(lines))[0][3:8] == ["91.0 ± 1.4", "87.0 ± 1.4", "71.0 ± 1.4",
+                                                      "+20.0", "+4.0"]
+
+
+def test_compare_puts_runs_side_by_side_and_marks_what_a_run_lacks():
+    mini = {"a": {"metric": "accuracy", "pretrained": summarize([0.8]), "scratch": summarize([0.7])},
+            "b": {"metric": "entity_f1", "pretrained": summarize([0.5]), "scratch": None}}
+    minilm = {"a": {"metric": "accuracy", "pretrained": summarize([0.9]),
+                    "checkpoint": summarize([0.85]), "scratch": summarize([0.6])}}
+    table = compare_transfer({"mini": mini, "minilm": minilm})
+    assert table.splitlines()[0] == ("| task | metric | mini pretrained | mini from scratch | "
+                                     "minilm pretrained | minilm checkpoint as is | minilm from scratch |")
+    assert _table_rows(table) == [["a", "accuracy", "80.0 ± 0.0", "70.0 ± 0.0", "90.0 ± 0.0", "85.0 ± 0.0",
+                                   "60.0 ± 0.0"],
+                                  ["b", "entity_f1", "50.0 ± 0.0", "—", "—", "—", "—"]]
 
 
 def test_tfidf_baseline_learns_separable_toy():
