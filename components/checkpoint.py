@@ -205,12 +205,17 @@ def import_checkpoint(init_from: str, root: Path, packages_dir: Path, out_dir: P
     return info
 
 
-def read_info(folder: Path) -> dict:
-    """bertflow.json of the checkpoint stage's output (`init_from` empty: no checkpoint)."""
+def read_info(folder: Path, expect: str | None = None) -> dict:
+    """bertflow.json of the checkpoint stage's output (`init_from` empty: no checkpoint); with
+    `expect`, it must hold that checkpoint (a stale output is an error, not a silent swap)."""
     path = Path(folder) / INFO_FILE
     if not path.exists():
         raise DataError(f"{path}: missing; run the checkpoint stage first")
-    return json.loads(path.read_text())
+    info = json.loads(path.read_text())
+    if expect is not None and info["init_from"] != expect:
+        raise DataError(f"{folder} holds checkpoint {info['init_from']!r}, but pretrain.init_from is "
+                        f"{expect!r}; run the checkpoint stage first")
+    return info
 
 
 def _head(hf_key: str) -> str:

@@ -417,7 +417,9 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
 
     pairs_dir, tokenizer_dir = Path(pairs_dir), Path(tokenizer_dir)
     vocab_size = load(tokenizer_dir).get_vocab_size()
-    checkpoint = read_info(checkpoint_dir) if checkpoint_dir is not None else {"init_from": ""}
+    if cfg.init_from and checkpoint_dir is None:
+        raise ConfigError("pretrain.init_from is set: pretraining needs the checkpoint stage's output")
+    checkpoint = read_info(checkpoint_dir, cfg.init_from) if checkpoint_dir is not None else {"init_from": ""}
     bert = start_config(model, cfg, vocab_size, checkpoint)
     ckpt_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir, checkpoint)
     last = ckpt_dir / "last.ckpt"

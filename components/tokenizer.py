@@ -183,14 +183,14 @@ def write_vocab(tok, folder: Path) -> None:
     (Path(folder) / "vocab.txt").write_text("".join(t + "\n" for t, _ in inverse), encoding="utf-8")
 
 
-def adopt_checkpoint_tokenizer(checkpoint_dir: Path, clean_dir: Path, out_dir: Path) -> dict:
+def adopt_checkpoint_tokenizer(init_from: str, checkpoint_dir: Path, clean_dir: Path, out_dir: Path) -> dict:
     """The tokenizer stage with `pretrain.init_from`: the checkpoint's tokenizer, not a learned
     one (its embeddings index that vocabulary), measured on the held-out sentences all the same."""
     from components.checkpoint import read_info
 
-    info = read_info(checkpoint_dir)
+    read_info(checkpoint_dir, init_from)
     tok = load(checkpoint_dir)
-    stats = {"kind": "checkpoint", "init_from": info["init_from"], "vocab_size": tok.get_vocab_size(),
+    stats = {"kind": "checkpoint", "init_from": init_from, "vocab_size": tok.get_vocab_size(),
              **heldout_stats(tok, Path(clean_dir) / "heldout")}
     with atomic_dir(out_dir) as tmp:
         for name in TOKENIZER_FILES:

@@ -65,12 +65,11 @@ def _checkpoint(p: Params, root: Path, run: Run | None, task: str) -> dict:
 
 
 def _tokenizer(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.checkpoint import read_info
     from components.tokenizer import adopt_checkpoint_tokenizer, train_tokenizer
 
-    checkpoint = root / p.paths.checkpoint
-    if read_info(checkpoint)["init_from"]:  # its embeddings index its own vocabulary
-        return adopt_checkpoint_tokenizer(checkpoint, root / p.paths.clean, root / p.paths.tokenizer)
+    if p.pretrain.init_from:  # the checkpoint's embeddings index its own vocabulary
+        return adopt_checkpoint_tokenizer(p.pretrain.init_from, root / p.paths.checkpoint,
+                                          root / p.paths.clean, root / p.paths.tokenizer)
     return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
                            max_len=p.model.max_position)
 
@@ -87,7 +86,8 @@ def _pretrain(p: Params, root: Path, run: Run | None, task: str) -> dict:
 
     encoder = root / p.paths.models / "encoder"
     stats = pretrain(p.model, p.pretrain, root / p.paths.pairs, root / p.paths.tokenizer, encoder,
-                     root / p.paths.models / "pretrain-checkpoints", root / p.paths.checkpoint,
+                     root / p.paths.models / "pretrain-checkpoints",
+                     root / p.paths.checkpoint if p.pretrain.init_from else None,
                      mlflow_run=(run.uri, run.run_id) if run else None)
     if run is None:  # a non-zero rank: rank 0 writes and records everything
         return stats
@@ -139,7 +139,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",)),
     Stage("clean", _clean, ("clean",)),
     Stage("checkpoint", _checkpoint, ("pretrain.init_from",)),
-    Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position"),
+    Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position", "pretrain.init_from"),
           artifacts=lambda p, root, task: [root / p.paths.tokenizer]),
     Stage("pairs", _pairs, ("pairs",)),
     Stage("pretrain", _pretrain, ("model", "pretrain"), own_process=True,

@@ -124,7 +124,7 @@ def _checkpoint_path(stages: Path, out: Path) -> Path:
 
     cfg = PretrainConfig(**TINY_PRETRAIN)
     bert = bert_config(ModelConfig(preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
-    run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer")
+    run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer", {"init_from": ""})
     path = out / "checkpoints" / run / "last.ckpt"
     path.parent.mkdir(parents=True)
     return path

@@ -124,8 +124,8 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
     proc = run_cli("bertflow", "run", "--until", "pairs", cwd=repo)
     lines = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.split()[:1] and
                  line.split()[0] in DATA_STAGES)
-    assert lines == {"ingest": "skipped", "clean": "skipped", "tokenizer": "skipped",
-                     "pairs": "ran"}
+    assert lines == {"ingest": "skipped", "clean": "skipped", "checkpoint": "skipped",
+                     "tokenizer": "skipped", "pairs": "ran"}
     assert _dvc_clean(repo)
 
 

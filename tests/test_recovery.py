@@ -100,7 +100,7 @@ def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(refere
         killed[stage] = kill_inside(repo, stage, share * seconds[stage], ready)
         resumable = resumable or (stage == "pretrain" and bool(ready()))
     where = f"(kill seed {seed}; killed: {killed})"
-    assert sum(killed.values()) >= len(killed) - 3, where  # a fast stage may end before its kill
+    assert sum(killed.values()) >= len(killed) - 4, where  # fast stages (checkpoint) may end first
     assert killed["pretrain"], where
 
     run_cli("bertflow", "run", cwd=repo)
