@@ -120,11 +120,12 @@ def load_checkpoint(folder: Path, cfg: BertConfig):
     shapes = (f"hidden_size={cfg.hidden}, num_hidden_layers={cfg.layers}, "
               f"intermediate_size={cfg.intermediate}, vocab_size={cfg.vocab_size}, "
               f"max_position_embeddings={cfg.max_position}")
-    for key, expected in hf_state_dict(model).items():
-        if key in state and state[key].shape != expected.shape:
+    expected = hf_state_dict(model)
+    for key, tensor in expected.items():
+        if key in state and state[key].shape != tensor.shape:
             raise DataError(f"{weights}: {key} has shape {tuple(state[key].shape)}, but {config} "
-                            f"({shapes}) needs {tuple(expected.shape)}")
-    unused = sorted(set(state) - set(hf_state_dict(model)))
+                            f"({shapes}) needs {tuple(tensor.shape)}")
+    unused = sorted(set(state) - set(expected))
     if unused:
         log.info("checkpoint %s: not used (not BERT's encoder or pretraining heads): %s",
                  folder, ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""))
@@ -190,12 +191,12 @@ def import_checkpoint(init_from: str, root: Path, packages_dir: Path, out_dir: P
             "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
             "vocab_size": cfg.vocab_size, "max_position": cfg.max_position}
     with atomic_dir(out_dir) as tmp:
-        keep = {k: v for k, v in hf_state_dict(model).items() if _head(k) not in fresh}
-        save_file(keep, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_file(hf_state_dict(model, skip=tuple(fresh)), tmp / "model.safetensors",
+                  metadata={"format": "pt"})
         write_json(tmp / "config.json", hf_config(cfg))
         tok.save(str(tmp / "tokenizer.json"))
         write_vocab(tok, tmp)
-        lowercase = json.loads(tok.to_str())["normalizer"].get("lowercase", False)
+        lowercase = (json.loads(tok.to_str())["normalizer"] or {}).get("lowercase", False)
         transformers_files(TokenizerConfig(kind="wordpiece", lowercase=bool(lowercase)), tmp,
                            cfg.max_position)
         write_json(tmp / INFO_FILE, {"config": asdict(cfg), **info})
@@ -217,13 +218,3 @@ def read_info(folder: Path, expect: str | None = None) -> dict:
                         f"{expect!r}; run the checkpoint stage first")
     return info
 
-
-def _head(hf_key: str) -> str:
-    """Which of our heads a BertForPreTraining tensor belongs to ('encoder' for the rest)."""
-    if hf_key.startswith("bert.pooler."):
-        return "pooler"
-    if hf_key.startswith("cls.predictions."):
-        return "mlm"
-    if hf_key.startswith("cls.seq_relationship."):
-        return "nsp"
-    return "encoder"

@@ -230,8 +230,20 @@ def _cell(text: str) -> str:
 ARMS = {"pretrained": "pretrained", "checkpoint": "checkpoint as is", "scratch": "from scratch"}
 
 
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown pipe table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def transfer_table(rows: list[dict]) -> str:
-    """Markdown table per task: each init's score (`ARMS` order; pretrained always), the gain
+    """The transfer table in Markdown (see `transfer_cells`)."""
+    return markdown(*transfer_cells(rows))
+
+
+def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells per task: each init's score (`ARMS` order; pretrained always), the gain
     of pretraining over scratch, what continued pretraining added to the checkpoint, TF-IDF,
     and a verdict."""
     arms = [a for a in ARMS if any(row.get(a) for row in rows)]
@@ -239,17 +251,16 @@ def transfer_table(rows: list[dict]) -> str:
              if other in arms]
     header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
               "TF-IDF + LR", "verdict"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = []
     for row in rows:
         pretrained, tfidf = row["pretrained"], row.get("tfidf")
-        cells = [row["task"], row["kind"], row["metric"],
-                 *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
-                 *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other) else NO_VALUE
-                   for _, other in gains),
-                 NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
-                 verdict(pretrained, row.get("scratch"))]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        cells.append([row["task"], row["kind"], row["metric"],
+                      *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
+                      *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other)
+                        else NO_VALUE for _, other in gains),
+                      NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
+                      verdict(pretrained, row.get("scratch"))])
+    return header, cells
 
 
 # ------------------------------------------------------- plots (CSV for DVC, PNG for people)
@@ -426,15 +437,13 @@ def compare_transfer(runs: dict[str, dict]) -> str:
     columns = [(label, arm) for label, table in runs.items() for arm in ARMS
                if any(t.get(arm) for t in table.values())]
     header = ["task", "metric", *(f"{label} {ARMS[arm]}" for label, arm in columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    tasks = list(dict.fromkeys(task for table in runs.values() for task in table))
-    for task in tasks:
+    cells = []
+    for task in dict.fromkeys(task for table in runs.values() for task in table):
         first = next(table[task] for table in runs.values() if task in table)
-        cells = [task, first["metric"], *(_pct(runs[label][task][arm])
-                                          if runs[label].get(task, {}).get(arm) else NO_VALUE
-                                          for label, arm in columns)]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        cells.append([task, first["metric"], *(_pct(runs[label][task][arm])
+                                               if runs[label].get(task, {}).get(arm) else NO_VALUE
+                                               for label, arm in columns)])
+    return markdown(header, cells)
 
 
 def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,

@@ -356,12 +356,13 @@ def _qkv(i: int, kind: str) -> tuple[str, list[str]]:
     return f"encoder.blocks.{i}.attn.qkv.{kind}", [f"{prefix}{n}.{kind}" for n in ("query", "key", "value")]
 
 
-def hf_state_dict(model: BertForPretraining) -> dict[str, torch.Tensor]:
-    """Our pretraining weights under transformers' BertForPreTraining names (q/k/v split)."""
+def hf_state_dict(model: BertForPretraining, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Our pretraining weights under transformers' BertForPreTraining names (q/k/v split),
+    without the heads named in `skip` (pooler, mlm, nsp)."""
     if model.cfg.norm != "post":
         raise ValueError("only post-norm encoders have a BertForPreTraining equivalent")
     ours = model.state_dict()
-    out = {hf: ours[name] for name, hf in _hf_names(model.cfg).items()}
+    out = {hf: ours[name] for name, hf in _hf_names(model.cfg).items() if name.split(".")[0] not in skip}
     for i in range(model.cfg.layers):
         for kind in ("weight", "bias"):
             fused, split = _qkv(i, kind)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +39,6 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def markdown_table(md: str) -> str:
-    """A Markdown pipe table (the header, the rule, rows) as an HTML table."""
-    def cells(line: str) -> list[str]:
-        return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-
-    lines = [line for line in md.splitlines() if line.startswith("|")]
-    return table(cells(lines[0]), [cells(line) for line in lines[2:]])
-
-
 def image(path: Path, alt: str) -> str:
     """A PNG inline as a data URI ('' if it is not there)."""
     if not path.exists():
@@ -69,10 +59,10 @@ def _key_values(stats: dict, skip: tuple[str, ...] = ()) -> str:
 
 
 def _transfer(transfer: dict) -> str:
-    from components.evaluate import transfer_table
+    from components.evaluate import transfer_cells
 
     rows = [{"task": task, **t} for task, t in transfer.items()]
-    return markdown_table(transfer_table(rows)) if rows else '<p class="muted">not run yet</p>'
+    return table(*transfer_cells(rows)) if rows else '<p class="muted">not run yet</p>'
 
 
 def _task(name: str, folder: Path) -> str:
