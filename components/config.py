@@ -226,7 +226,8 @@ class PretrainConfig:
     learned one, and heads it lacks start fresh. Empty: pretrain from nothing."""
     head_warmup_steps: int = 0
     """With init_from: the first steps train only the heads the checkpoint lacks (the encoder
-    frozen), so fresh heads don't send noise into pretrained weights."""
+    frozen), so fresh heads don't send noise into pretrained weights. Equal to max_steps: only
+    the heads train, the control that tells their learning from the encoder's."""
 
     mlm_probability: float = 0.15
     """Share of non-special tokens selected for prediction."""
@@ -518,8 +519,8 @@ def check(p: Params, where: str) -> None:
          "pretrain.short_seq_len", "must be 0 (off) or between 8 and pairs.max_seq_len"),
         (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",
          "pretrain.span_boundary_objective", "needs pretrain.masking: span"),
-        (0 <= p.pretrain.head_warmup_steps < p.pretrain.max_steps, "pretrain.head_warmup_steps",
-         "must be between 0 and pretrain.max_steps - 1"),
+        (0 <= p.pretrain.head_warmup_steps <= p.pretrain.max_steps, "pretrain.head_warmup_steps",
+         "must be between 0 and pretrain.max_steps"),
         (not p.pretrain.head_warmup_steps or p.pretrain.init_from, "pretrain.head_warmup_steps",
          "needs pretrain.init_from (a fresh model has no pretrained encoder to protect)"),
     ]

@@ -125,6 +125,19 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
         load_params(write_params(tmp_path, data))
 
 
+def test_head_warmup_may_last_the_whole_run_but_not_longer(tmp_path):
+    # head_warmup_steps == max_steps is the heads-only control run; more steps than the run has
+    # is a typo.
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["pretrain"].update(init_from="all-minilm-l6-v2", max_steps=100, warmup_steps=10,
+                            head_warmup_steps=100)
+    assert load_params(write_params(tmp_path, data)).pretrain.head_warmup_steps == 100
+    data["pretrain"]["head_warmup_steps"] = 101
+    with pytest.raises(ConfigError, match=re.escape(
+            "pretrain.head_warmup_steps: must be between 0 and pretrain.max_steps")):
+        load_params(write_params(tmp_path, data))
+
+
 def test_nested_errors_name_the_list_item():
     with pytest.raises(ConfigError, match=r"ingest.sources\[1\].kind: expected one of"):
         from_dict(Params, {"ingest": {"sources": [{"name": "a"}, {"name": "b", "kind": "csv"}]}},
