@@ -180,6 +180,9 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     root = path.parent
     p = load_params(path)
     tracked = versioning.tracks(path)
+    if tracked and versioning.recover_lock(root):
+        logger.warning("dvc.lock: the last run was killed while recording a stage; restored the "
+                       "dvc.lock from before it, so that stage runs again")
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)

@@ -7,6 +7,7 @@ result with `dvc commit`: dvc.lock and the cache end up exactly as `dvc repro` l
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,10 +36,39 @@ def is_stale(root: Path, stage: str) -> bool:
         return bool(repo.status(targets=[stage]))
 
 
+def _journal(root: Path) -> Path:
+    """dvc.lock as it was before the `dvc commit` under way (DVC's temp folder, git-ignored)."""
+    return root / ".dvc" / "tmp" / "dvc.lock.before-commit"
+
+
 def commit(root: Path, stage: str) -> None:
-    """Record the stage's current deps and outs in dvc.lock and the cache (as `dvc repro` does)."""
+    """Record the stage's current deps and outs in dvc.lock and the cache (as `dvc repro` does).
+
+    DVC rewrites dvc.lock in place, so a kill mid-write would leave it truncated and every later
+    DVC call failing: the old dvc.lock is kept aside until the commit ends (see recover_lock).
+    """
+    from components.io import atomic_file
+
+    lock = root / "dvc.lock"
+    with atomic_file(_journal(root)) as tmp:  # empty: there was no dvc.lock
+        tmp.write_bytes(lock.read_bytes() if lock.exists() else b"")
     with _repo(root) as repo:
         repo.commit(stage, force=True)
+    _journal(root).unlink()
+
+
+def recover_lock(root: Path) -> bool:
+    """Put dvc.lock back as it was before a commit that a kill cut short; True if it did.
+    The stage that commit recorded is then stale again, and the next run redoes it."""
+    journal, lock = _journal(root), root / "dvc.lock"
+    if not journal.exists():
+        return False
+    if journal.stat().st_size:
+        os.replace(journal, lock)
+    else:
+        lock.unlink(missing_ok=True)
+        journal.unlink()
+    return True
 
 
 def dep_hashes(root: Path, stage: str) -> dict[str, str]:

@@ -39,6 +39,11 @@ def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_harn
     assert (repo / "metrics" / "pairs_stats.json").exists()
 
     assert _statuses(pipeline_flow(params, "pairs")) == dict.fromkeys(DATA_STAGES, "skipped")
+    _killed_while_recording(repo, "pairs")
+    assert _statuses(pipeline_flow(params, "pairs")) == {
+        **dict.fromkeys(DATA_STAGES, "skipped"), "pairs": "ran"}
+    assert _dvc_clean(repo)
+    assert not (repo / ".dvc" / "tmp" / "dvc.lock.before-commit").exists()
 
     data = yaml.safe_load((repo / "params.yaml").read_text())
     data["tokenizer"]["vocab_size"] = 1500
@@ -67,6 +72,16 @@ def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_harn
     _check_prefect_artifact()
 
 
+def _killed_while_recording(repo, stage: str) -> None:
+    """What a SIGKILL inside `dvc commit STAGE` leaves: DVC rewrites dvc.lock in place, so it is
+    cut off mid-file; the copy kept aside holds dvc.lock from before, without STAGE's entry."""
+    lock = repo / "dvc.lock"
+    before = yaml.safe_load(lock.read_text())
+    del before["stages"][stage]
+    (repo / ".dvc" / "tmp" / "dvc.lock.before-commit").write_text(yaml.safe_dump(before))
+    lock.write_text(lock.read_text()[: len(lock.read_text()) // 2])
+
+
 def _check_mlflow(repo) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -74,7 +89,7 @@ def _check_mlflow(repo) -> None:
     exp = client.get_experiment_by_name("bertflow")
     runs = client.search_runs([exp.experiment_id], order_by=["start_time ASC"])
     parents = [r for r in runs if r.info.run_name == "pipeline"]
-    assert len(parents) == 3
+    assert len(parents) == 4
     first = parents[0].info.run_id
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == first}
     assert set(children) == set(DATA_STAGES)
