@@ -391,8 +391,14 @@ def pretraining_model(encoder_dir: Path, cfg: BertConfig) -> BertForPretraining:
 
 
 def load_encoder_weights(model, encoder_dir: Path, cfg: BertConfig) -> None:
-    """Copy the pretrained encoder (and pooler, for classification) into a task model."""
-    pretrained = pretraining_model(encoder_dir, cfg)
+    """Copy the pretrained encoder (and pooler, for classification) into a task model.
+
+    The throwaway pretraining model is built on a forked random stream: its initialisation
+    would otherwise advance the seed's stream, and a pretrained run and a run from scratch of
+    the same seed would draw different dropout masks and batch orders.
+    """
+    with torch.random.fork_rng(devices=[]):
+        pretrained = pretraining_model(encoder_dir, cfg)
     model.encoder.load_state_dict(pretrained.encoder.state_dict())
     if hasattr(model, "pooler"):
         model.pooler.load_state_dict(pretrained.pooler.state_dict())

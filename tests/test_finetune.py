@@ -173,6 +173,22 @@ def tiny_encoder(stages_dir, tmp_path_factory):
     return out
 
 
+def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
+    """Arms of one seed differ only in their start: the draws after the model is built (dropout,
+    data order) are the same with pretrained weights and from scratch."""
+    from components.finetune import load_encoder_weights, pretrained_config, task_model
+
+    cfg = pretrained_config(tiny_encoder)
+    draws = []
+    for pretrained in (True, False):
+        torch.manual_seed(3)
+        model = task_model(cfg, "classification", ["neg", "pos"])
+        if pretrained:
+            load_encoder_weights(model, tiny_encoder, cfg)
+        draws.append(torch.rand(4))
+    assert torch.equal(*draws)
+
+
 def _user_files(folder):
     """A keyword-sentiment CSV, a JSONL pair file and a CoNLL file, small and learnable."""
     import random
