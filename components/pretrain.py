@@ -486,7 +486,9 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     trainer.fit(module, datamodule=Data(), ckpt_path=str(resume) if resume else None,
                 weights_only=True)
     minutes = (time.perf_counter() - began) / 60
-    if trainer.global_step % cfg.val_every_steps:  # the final evaluation, if not just done
+    # The final evaluation, unless one just ran: at a val_every_steps step, or by Lightning
+    # itself when the time budget stopped the run (the last row would be there twice).
+    if not module.history or module.history[-1]["step"] != trainer.global_step:
         trainer.validate(module, datamodule=Data(), verbose=False)
     if not trainer.is_global_zero:
         return {}

@@ -123,6 +123,18 @@ def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_pa
     _check_export(straight.parent)
 
 
+@pytest.mark.slow
+def test_a_run_the_time_budget_stops_is_evaluated_once_at_its_end(stages_dir, pairs_out, tmp_path):
+    params = _project(tmp_path, stages_dir, pairs_out[0], max_steps=100_000, val_every_steps=50_000,
+                      checkpoint_every_steps=50_000, max_minutes=0.05)
+    run_cli("bertflow", "stage", "pretrain", "-p", str(params), cwd=tmp_path)
+    stats = json.loads((tmp_path / "metrics" / "pretrain_stats.json").read_text())
+    steps = [int(line.split(",")[0]) for line in
+             (tmp_path / "metrics" / "pretrain_curve.csv").read_text().splitlines()[1:]]
+    assert 0 < stats["steps"] < 100_000  # stopped by the budget
+    assert steps == [stats["steps"]]  # the end, evaluated once
+
+
 def _check_export(project: Path) -> None:
     from transformers import BertForPreTraining
 
