@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results import write_section  # noqa: E402
 from components.config import load_params  # noqa: E402
 from components.io import list_shards  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Data path"
 
 
@@ -162,16 +162,6 @@ def report(t: dict, m: dict, command: str) -> str:
               "every 50 ms. Most of it is the libraries each process imports (~300 MiB each); "
               "the growth column is what 3x more data added.", ""]
     return "\n".join(lines)
-
-
-def write_section(text: str, section: str = SECTION) -> None:
-    """Replace (or add) one `## ...` section of RESULTS.md, leaving the others as they are."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    if section in old:
-        head, _, rest = old.partition(section)
-        tail = rest.split("\n## ", 1)
-        old = head + ("## " + tail[1] if len(tail) > 1 else "")
-    RESULTS.write_text(old.rstrip() + "\n\n" + text)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.data_throughput import write_section  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
 from components.config import load_params  # noqa: E402
 
 SECTION = "## Batch prediction"

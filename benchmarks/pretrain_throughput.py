@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.data_throughput import write_section  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
 from components.config import load_params  # noqa: E402
 from components.model import IGNORE, BertConfig, build_model, count_flops_per_token  # noqa: E402
 
@@ -115,7 +115,7 @@ def main() -> None:
         "",
     ])
     print(text)
-    write_section(text, SECTION)
+    write_section(text)
 
 
 if __name__ == "__main__":
