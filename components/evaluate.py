@@ -202,20 +202,31 @@ def summarize(values: Sequence[float]) -> dict:
     }
 
 
+def _outcome(better: dict, worse: dict) -> str:
+    """'helps' if the mean gain exceeds the larger seed std, 'hurts' if the loss does, else
+    'within seed spread'."""
+    gain = better["mean"] - worse["mean"]
+    spread = max(better["std"], worse["std"])
+    return "helps" if gain > spread else "hurts" if -gain > spread else "within seed spread"
+
+
 def verdict(pretrained: dict, scratch: dict | None) -> str:
     """Whether the pretrained-minus-scratch gain exceeds the seed spread of either side."""
     if scratch is None:
         return NO_VALUE
-    gain = pretrained["mean"] - scratch["mean"]
-    spread = max(pretrained["std"], scratch["std"])
-    if gain > spread:
-        text = "pretraining helps"
-    elif -gain > spread:  # a clear loss is not "within the spread" either; say so
-        text = "pretraining hurts"
-    else:
-        text = "within seed spread"
+    outcome = _outcome(pretrained, scratch)
+    text = outcome if outcome == "within seed spread" else f"pretraining {outcome}"
     if min(pretrained["n"], scratch["n"]) < 2:  # std 0 by convention, not measured
         text += " (single seed: spread unknown)"
+    return text
+
+
+def verdicts(row: dict) -> str:
+    """The verdict on pretraining; with a checkpoint arm, also on what continued pretraining
+    added to the checkpoint as is."""
+    text = verdict(row["pretrained"], row.get("scratch"))
+    if row.get("checkpoint"):
+        text += f"; continued pretraining {_outcome(row['pretrained'], row['checkpoint'])}"
     return text
 
 
@@ -242,11 +253,16 @@ def transfer_table(rows: list[dict]) -> str:
     return markdown(*transfer_cells(rows))
 
 
+def _arms(rows: list[dict]) -> list[str]:
+    """The inits any of the rows measured, in `ARMS` order."""
+    return [a for a in ARMS if any(row.get(a) for row in rows)]
+
+
 def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and cells per task: each init's score (`ARMS` order; pretrained always), the gain
     of pretraining over scratch, what continued pretraining added to the checkpoint, TF-IDF,
     and a verdict."""
-    arms = [a for a in ARMS if any(row.get(a) for row in rows)]
+    arms = _arms(rows)
     gains = [(title, other) for title, other in (("gain", "scratch"), ("vs checkpoint", "checkpoint"))
              if other in arms]
     header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
@@ -259,8 +275,31 @@ def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                       *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other)
                         else NO_VALUE for _, other in gains),
                       NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
-                      verdict(pretrained, row.get("scratch"))])
+                      verdicts(row)])
     return header, cells
+
+
+def arm_minutes(finetune_stats: Path) -> dict[str, dict]:
+    """Wall minutes of one fine-tuning run, per init over its seeds, from a task's
+    finetune_stats.json (runs named INIT-sSEED); empty if the file is not there."""
+    import json
+
+    if not Path(finetune_stats).exists():
+        return {}
+    by_init: dict[str, list[float]] = {}
+    for run, stats in json.loads(Path(finetune_stats).read_text())["runs"].items():
+        by_init.setdefault(run.rsplit("-s", 1)[0], []).append(stats["minutes"])
+    return {init: summarize(minutes) for init, minutes in sorted(by_init.items())}
+
+
+def cost_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells per task: the minutes one fine-tuning run of each init took, mean ± std
+    over seeds; pretraining, paid once for all tasks, is in the pretrain stage's stats."""
+    arms = _arms(rows)
+    cells = [[row["task"], *(f"{m['mean']:.1f} ± {m['std']:.1f}" if (m := row["minutes"].get(a))
+                             else NO_VALUE for a in arms)]
+             for row in rows if row.get("minutes")]
+    return ["task", *(ARMS[a] for a in arms)], cells
 
 
 # ------------------------------------------------------- plots (CSV for DVC, PNG for people)
@@ -459,22 +498,29 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         s = json.loads(path.read_text())
         tfidf = s["tfidf"]["accuracy"] if s.get("tfidf") else None
         rows.append({"task": name, "kind": s["kind"], "metric": s["metric"], "tfidf": tfidf,
-                     "scratch": None, **s["primary"]})
+                     "scratch": None, **s["primary"],
+                     "minutes": arm_minutes(Path(tasks_dir) / name / "finetune_stats.json")})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
     encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
                else "pretrained here from random weights")
     legend = f"*pretrained*: the pretrain stage's encoder ({encoder}); "
     if any(r.get("checkpoint") for r in rows):
         legend += (f"*checkpoint as is*: {init_from} fine-tuned without continued pretraining; "
-                   "*vs checkpoint*: pretrained minus checkpoint as is, in points; ")
+                   "*vs checkpoint*: pretrained minus checkpoint as is, in points, and "
+                   "*continued pretraining helps* when it exceeds the larger seed std; ")
     text = ("# What pretraining bought\n\nTest-split scores, mean ± sample std over "
             f"{seeds} seeds, in percent. {legend}*gain*: pretrained minus from scratch, in "
             "points; *pretraining helps* when the gain exceeds the larger seed std.\n\n"
             + transfer_table(rows))
+    cost = cost_cells(rows)
+    if cost[1]:
+        text += ("\n## What each start cost\n\nWall minutes of one fine-tuning run (mean ± std "
+                 "over seeds) on the machine that ran it; pretraining, paid once for every task, "
+                 "is in pretrain_stats.json.\n\n" + markdown(*cost))
     with atomic_file(md_path) as tmp:
         tmp.write_text(text)
     summary = {r["task"]: {**{k: v for k, v in r.items() if k != "task"},
-                           "verdict": verdict(r["pretrained"], r["scratch"])} for r in rows}
+                           "verdict": verdicts(r)} for r in rows}
     with atomic_file(json_path) as tmp:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return {name: {"gain": r["pretrained"]["mean"] - r["scratch"]["mean"]} if r["scratch"] else {}

@@ -59,10 +59,15 @@ def _key_values(stats: dict, skip: tuple[str, ...] = ()) -> str:
 
 
 def _transfer(transfer: dict) -> str:
-    from components.evaluate import transfer_cells
+    from components.evaluate import cost_cells, transfer_cells
 
     rows = [{"task": task, **t} for task, t in transfer.items()]
-    return table(*transfer_cells(rows)) if rows else '<p class="muted">not run yet</p>'
+    if not rows:
+        return '<p class="muted">not run yet</p>'
+    cost = cost_cells(rows)
+    return table(*transfer_cells(rows)) + (
+        "<h3>What each start cost</h3><p>Wall minutes of one fine-tuning run, mean ± std over "
+        "seeds.</p>" + table(*cost) if cost[1] else "")
 
 
 def _task(name: str, folder: Path) -> str:

@@ -215,6 +215,7 @@ def test_the_pipeline_continues_a_checkpoint_and_fine_tunes_every_arm(stages_dir
     table = (metrics / "transfer.md").read_text()
     assert "| pretrained | checkpoint as is | from scratch | gain | vs checkpoint |" in table
     assert "continued pretraining of data/user/ckpt" in table
+    assert "| task | pretrained | checkpoint as is | from scratch |" in table  # what each cost
     assert json.loads(run_cli("dvc", "status", "--json", cwd=repo).stdout) == {}
 
     # A new version of the checkpoint: DVC finds the checkpoint stage stale (and what follows

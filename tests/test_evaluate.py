@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import csv
+import json
 import random
 
 import pytest
 
 from components.evaluate import (
+    arm_minutes,
     bio_to_spans,
     classification_metrics,
     compare_transfer,
+    cost_cells,
     entity_metrics,
     spans_to_bio,
     summarize,
@@ -243,6 +246,32 @@ def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added
                         "vs checkpoint | TF-IDF + LR | verdict |")
     assert _table_rows("\n".join(lines))[0][3:8] == ["91.0 ± 1.4", "87.0 ± 1.4", "71.0 ± 1.4",
                                                       "+20.0", "+4.0"]
+    assert _table_rows("\n".join(lines))[0][-1] == "pretraining helps; continued pretraining helps"
+
+
+@pytest.mark.parametrize("checkpoint, said", [
+    ([0.90, 0.93], "continued pretraining within seed spread"),  # +0.5 points, std 2.1
+    ([0.95, 0.96], "continued pretraining hurts"),  # -4.5 points beyond std 1.4
+])
+def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
+    row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.90, 0.92]),
+           "checkpoint": summarize(checkpoint), "scratch": summarize([0.70, 0.72]), "tfidf": None}
+    assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps; {said}"
+
+
+def test_what_each_start_cost_is_minutes_per_run_by_init(tmp_path):
+    stats = tmp_path / "finetune_stats.json"
+    runs = {"pretrained-s1": {"minutes": 4.0}, "pretrained-s2": {"minutes": 5.0},
+            "scratch-s1": {"minutes": 6.5}}
+    stats.write_text(json.dumps({"runs": runs}))
+    minutes = arm_minutes(stats)
+    assert minutes["pretrained"]["mean"] == 4.5 and minutes["scratch"]["values"] == [6.5]
+    assert arm_minutes(tmp_path / "missing.json") == {}
+    rows = [{"task": "a", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "minutes": minutes},
+            {"task": "b", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "minutes": {}}]
+    header, cells = cost_cells(rows)
+    assert header == ["task", "pretrained", "from scratch"]
+    assert cells == [["a", "4.5 ± 0.7", "6.5 ± 0.0"]]  # b: not measured, no row
 
 
 def test_compare_puts_runs_side_by_side_and_marks_what_a_run_lacks():

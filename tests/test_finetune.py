@@ -243,6 +243,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         task_cfg = replace(cfg, crf=name == "ner")  # the CRF path too
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
         assert set(stats["runs"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+        write_json(tmp_path / "metrics" / name / "finetune_stats.json", stats)  # as run_stage does
         metrics_dir = tmp_path / "metrics" / name
         evaluated = evaluate_task(name, task, EvaluateConfig(), task_dir, model_dir, metrics_dir)
         # Learnable by construction: every run must have learned it, not only the chance level.
@@ -276,4 +277,10 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     assert all(f"| {name} |" in table for name in tasks)
     summary = json.loads((tmp_path / "transfer.json").read_text())
     assert summary["reviews"]["pretrained"]["n"] == 2 and summary["reviews"]["tfidf"] > 0.9
+    # What each start cost: minutes per run, by init, from each task's finetune_stats.json.
+    runs = json.loads((tmp_path / "metrics" / "reviews" / "finetune_stats.json").read_text())["runs"]
+    minutes = summary["reviews"]["minutes"]
+    assert minutes["scratch"]["values"] == [runs[f"scratch-s{s}"]["minutes"] for s in (1, 2)]
+    cost = table.split("## What each start cost")[1]
+    assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)
 

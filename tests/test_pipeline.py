@@ -148,6 +148,7 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
 def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, monkeypatch):
     import json
 
+    import dask
     from mlflow.tracking import MlflowClient
 
     from components.errors import DataError
@@ -155,11 +156,13 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
     from tests.conftest import small_params, write_params
 
     # An unreachable Dask scheduler is an infrastructure failure: Prefect retries it (2 retries).
-    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "1s")
+    # dask.config, not the environment: Dask reads that once, when it is first imported.
+    monkeypatch.setattr("pipeline.flow.stage_task.retry_delay_seconds", 0)
     params = write_params(tmp_path / "a", small_params(
         executor={"kind": "dask", "dask_address": "tcp://127.0.0.1:9"},
         tracking={"uri": "sqlite:///mlflow.db"}))
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="after 1 s"), \
+            dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
         pipeline_flow(str(params), "clean")
     # Bad data is not retried: the same error would come back.
     (tmp_path / "b").mkdir()
