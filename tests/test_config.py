@@ -154,6 +154,12 @@ def test_the_minilm_preset_is_its_differences_from_params_yaml():
     assert (preset.paths.clean, preset.paths.tasks, preset.finetune.tasks, preset.pairs) == \
         (base.paths.clean, base.paths.tasks, base.finetune.tasks, base.pairs)
     assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
+    # Its control: the same continued pretraining in which only the fresh heads learn.
+    heads = load_params(ROOT / "params-minilm-heads.yaml")
+    assert heads.pretrain.head_warmup_steps == heads.pretrain.max_steps
+    assert dataclasses.replace(heads.pretrain, head_warmup_steps=preset.pretrain.head_warmup_steps) \
+        == preset.pretrain
+    assert (heads.paths.models, heads.paths.metrics) != (preset.paths.models, preset.paths.metrics)
 
 
 def test_extends_merges_mappings_and_names_a_missing_or_circular_base(tmp_path):
