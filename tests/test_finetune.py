@@ -196,11 +196,8 @@ def _user_files(folder):
     rng = random.Random(0)
     folder.mkdir(parents=True, exist_ok=True)
     rows = ["review,verdict"]
-    # Only the word tells the verdict: were it the number's parity too, a model could learn the
-    # number's last digit instead, and text that pairs them otherwise would fool it.
-    verdicts = [i % 2 == 0 for i in range(240)]
-    random.Random(1).shuffle(verdicts)
-    for i, good in enumerate(verdicts):
+    for i in range(240):
+        good = i % 2 == 0
         word = rng.choice(["good", "great", "fine"] if good else ["bad", "awful", "poor"])
         rows.append(f"the film number {i} was {word},{'pos' if good else 'neg'}")
     (folder / "reviews.csv").write_text("\n".join(rows) + "\n")

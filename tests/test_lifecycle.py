@@ -148,8 +148,11 @@ def test_predict_streams_a_file_of_ten_thousand_lines(project, tmp_path):
 
     from components.inference import read_batches
 
+    # Lines like the training file's: an even number is reviewed with a positive word. (Which
+    # cue wins when the two disagree is asked of the champion in the first test.)
     words = ["good", "great", "fine", "bad", "awful", "poor"]
-    rows = [{"text": f"the film number {i % 240} was {words[i % 6]}"} for i in range(10_000)]
+    rows = [{"text": f"the film number {i % 240} was {words[i % 2 * 3 + i // 240 % 3]}"}
+            for i in range(10_000)]
     lines = [json.dumps(row) for row in rows]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     assert [len(b) for b in read_batches(tmp_path / "in.jsonl", 4096)] == [4096, 4096, 1808]
@@ -161,7 +164,7 @@ def test_predict_streams_a_file_of_ten_thousand_lines(project, tmp_path):
     whole = mlflow.pyfunc.load_model("models:/reviews@champion").predict(pd.DataFrame(rows))
     assert [a["text"] for a in answers] == [r["text"] for r in rows]
     assert [a["label"] for a in answers] == [w["label"] for w in whole]
-    assert sum(a["label"] == ("pos" if i % 6 < 3 else "neg") for i, a in enumerate(answers)) >= 9_500
+    assert sum(a["label"] == ("neg" if i % 2 else "pos") for i, a in enumerate(answers)) >= 9_500
 
     # A bad line: the error names it, and no output file is left behind.
     (tmp_path / "bad.jsonl").write_text(lines[0] + "\n{oops\n")
