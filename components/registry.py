@@ -84,14 +84,6 @@ class Registered:
     reason: str
 
 
-def find_version(client, name: str, sha: str) -> str | None:
-    """The version of `name` that holds the model with this content hash, if any."""
-    for v in _versions(client, name):
-        if v.tags.get(SHA) == sha:
-            return str(v.version)
-    return None
-
-
 def _versions(client, name: str) -> list:
     from mlflow.exceptions import MlflowException
 
@@ -156,12 +148,13 @@ def unchanged(client, name: str, sha: str) -> Registered | None:
     A version registered by an attempt that stopped before its challenge (killed, or a lost
     connection that Prefect retries) is finished now: made candidate and let challenge.
     """
-    existing = find_version(client, name, sha)
-    if existing is None:
+    versions = _versions(client, name)
+    match = next((v for v in versions if v.tags.get(SHA) == sha), None)
+    if match is None:
         return None
-    tags = client.get_model_version(name, existing).tags
+    existing, tags = str(match.version), match.tags
     if METRIC in tags and DECIDED not in tags:
-        if existing == str(max(int(v.version) for v in _versions(client, name))):
+        if existing == str(max(int(v.version) for v in versions)):
             client.set_registered_model_alias(name, CANDIDATE, existing)
         champion, reason = challenge(client, name, existing, float(tags[METRIC]))
         return Registered(name, existing, False, champion, f"finished an interrupted registration: {reason}")

@@ -110,7 +110,6 @@ class Run:
         else:
             self.client.log_artifact(self.run_id, str(path), folder)
 
-
     def register(self, artifact_path: str, name: str, alias: str, tags: dict[str, str]) -> str:
         """Register the run's artifact folder as a new version of model `name`; point `alias`
         at it; return the version number."""
@@ -147,17 +146,15 @@ def run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str | None
     earlier = c.search_runs([exp], f"tags.`{KEY_TAG}` = '{key}'", max_results=1) if key else []
     if earlier:
         run_id, previous = earlier[0].info.run_id, earlier[0].data.tags
-        attempts = int(previous.get(ATTEMPTS_TAG, "1")) + 1
         c.update_run(run_id, status="RUNNING")
         if ERROR_TAG in previous:  # kept, under another name, as why it was retried
             all_tags["bertflow.retried_after"] = previous[ERROR_TAG]
             c.delete_tag(run_id, ERROR_TAG)
+        handle = Run(c, run_id, tracking_uri(cfg, root))
+        handle.set_tags({**all_tags, ATTEMPTS_TAG: int(previous.get(ATTEMPTS_TAG, "1")) + 1})
     else:
-        key_tag = {KEY_TAG: key} if key else {}
-        run_id = c.create_run(exp, run_name=name, tags={**all_tags, **key_tag}).info.run_id
-        attempts = 1
-    handle = Run(c, run_id, tracking_uri(cfg, root))
-    handle.set_tags({**all_tags, ATTEMPTS_TAG: attempts})
+        first = {**all_tags, **({KEY_TAG: key} if key else {}), ATTEMPTS_TAG: "1"}
+        handle = Run(c, c.create_run(exp, run_name=name, tags=first).info.run_id, tracking_uri(cfg, root))
     try:
         yield handle
     except BaseException as e:

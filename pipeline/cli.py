@@ -9,12 +9,10 @@ from typing import Annotated
 import typer
 
 from components.errors import BertflowError
+from pipeline.options import ParamsOption
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
-
-ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file.",
-                                            dir_okay=False)]
 
 
 @app.command()

@@ -15,11 +15,11 @@ from typing import Annotated
 import typer
 
 from components.errors import ConfigError
+from pipeline.options import ParamsOption
 
 ModelOption = Annotated[Path | None, typer.Option(
     "--model", help="An exported encoder folder [default: the registry's newest encoder].",
     file_okay=False)]
-ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file.", dir_okay=False)]
 
 
 @contextlib.contextmanager
