@@ -150,8 +150,8 @@ def test_predict_streams_a_file_of_ten_thousand_lines(project, tmp_path):
 
     # Lines like the training file's: an even number is reviewed with a positive word. (Which
     # cue wins when the two disagree is asked of the champion in the first test.)
-    words = ["good", "great", "fine", "bad", "awful", "poor"]
-    rows = [{"text": f"the film number {i % 240} was {words[i % 2 * 3 + i // 240 % 3]}"}
+    positive, negative = ["good", "great", "fine"], ["bad", "awful", "poor"]
+    rows = [{"text": f"the film number {i % 240} was {(negative if i % 2 else positive)[i // 240 % 3]}"}
             for i in range(10_000)]
     lines = [json.dumps(row) for row in rows]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
