@@ -31,16 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import write_section  # noqa: E402
-from components.config import load_params  # noqa: E402
-from components.io import list_shards  # noqa: E402
+from components.core.config import load_params  # noqa: E402
+from components.core.io import list_shards  # noqa: E402
 
 SECTION = "## Data path"
 
 
 def prepare(work: Path) -> None:
     """ingest, clean and tokenizer on the default corpus (skipped if already there)."""
-    from components.corpus import clean, ingest
-    from components.tokenizer import train_tokenizer
+    from components.data.clean import clean
+    from components.data.ingest import ingest
+    from components.data.tokenizer import train_tokenizer
 
     p = load_params(ROOT / "params.yaml")
     if not (work / "tokenizer" / "tokenizer.json").exists():
@@ -52,8 +53,8 @@ def prepare(work: Path) -> None:
 def throughput(work: Path, repeats: int) -> dict:
     from tokenizers import Tokenizer
 
-    from components import validation
-    from components.pairs import make_pairs
+    from components.data import validation
+    from components.data.pairs import make_pairs
 
     p = load_params(ROOT / "params.yaml")
     tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
@@ -122,13 +123,13 @@ def memory(work: Path) -> dict:
             replicate(work / "raw", base / "raw", scale, rename=True)
             for split in ("train", "heldout"):
                 replicate(work / "clean" / split, base / "clean" / split, scale, rename=False)
-        setup = (f"from pathlib import Path; from components.config import load_params; "
+        setup = (f"from pathlib import Path; from components.core.config import load_params; "
                  f"p = load_params('{ROOT / 'params.yaml'}'); b = Path('{base}'); ")
         out[f"clean_x{scale}"] = peak_rss(
-            setup + "from components.corpus import clean; "
+            setup + "from components.data.clean import clean; "
                     "clean(p.clean, p.executor, b / 'raw', b / 'clean-out')")
         out[f"pairs_x{scale}"] = peak_rss(
-            setup + f"from components.pairs import make_pairs; make_pairs(p.pairs, p.executor, "
+            setup + f"from components.data.pairs import make_pairs; make_pairs(p.pairs, p.executor, "
                     f"b / 'clean', Path('{work / 'tokenizer'}'), b / 'pairs')")
     return out
 

@@ -1,7 +1,7 @@
 """Batch prediction throughput: our inference path against transformers' text-classification
 pipeline, on the same fine-tuned model and the same sentences, interleaved in one run.
 
-Ours: `components.inference.predict_rows` (length-bucketed batches: sentences of similar length
+Ours: `components.lifecycle.inference.predict_rows` (length-bucketed batches: sentences of similar length
 share a batch, so little padding). Theirs: the model exported with `bertflow export-hf`, run by
 `pipeline("text-classification")` with truncation at the same length, once with its default
 (one sentence per call) and once batched like ours (padding to the longest of each batch).
@@ -26,14 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import write_section  # noqa: E402
-from components.config import load_params  # noqa: E402
+from components.core.config import load_params  # noqa: E402
 
 SECTION = "## Batch prediction"
 
 
 def sentences(task_dir: Path, n: int) -> list[str]:
     """The first n texts of the task's test, validation and training splits, in that order."""
-    from components.tasks import read_split
+    from components.data.tasks.folder import read_split
 
     texts: list[str] = []
     for split in ("test", "valid", "train"):
@@ -60,8 +60,8 @@ def main() -> None:
 
     from transformers import pipeline
 
-    from components.hf_export import export_hf
-    from components.inference import load_task_model, predict_rows
+    from components.lifecycle.hf_export import export_hf
+    from components.lifecycle.inference import load_task_model, predict_rows
 
     p = load_params(args.project / "params.yaml")
     model_dir = args.project / p.paths.models / "tasks" / args.task / "model"

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.config import ModelSize, load_params  # noqa: E402
+from components.core.config import ModelSize, load_params  # noqa: E402
 
 TWO = {"layers": 2, "hidden": 256, "heads": 4, "intermediate": 1024}
 FOUR = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}
@@ -39,8 +39,8 @@ RECIPES = {  # name: (minutes, model size, pretrain overrides, pairs max_seq_len
 
 
 def train(work: Path, name: str) -> dict:
-    from components.pairs import make_pairs
-    from components.pretrain import pretrain
+    from components.data.pairs import make_pairs
+    from components.training.pretrain import pretrain
 
     minutes, size, over, seq = RECIPES[name]
     p = load_params(ROOT / "params.yaml")
@@ -54,7 +54,7 @@ def train(work: Path, name: str) -> dict:
                        ROOT / p.paths.tokenizer, pairs)
     fraction = over.get("short_fraction", 0.0)
     over = {k: v for k, v in over.items() if k != "short_fraction"}
-    quiet = {"val_every_steps": 10**9, "checkpoint_every_steps": 10**9, "log_every_steps": 10**9}
+    quiet = {"val_every_steps": 10**9, "snapshot_every_steps": 10**9, "log_every_steps": 10**9}
 
     def run(steps: int, **extra) -> tuple[float, dict]:
         cfg = dataclasses.replace(p.pretrain, **{**over, **quiet, "max_steps": steps, **extra})

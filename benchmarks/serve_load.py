@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.predict_throughput import sentences  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from components.config import load_params  # noqa: E402
+from components.core.config import load_params  # noqa: E402
 
 SECTION = "## Serving under load"
 
@@ -85,7 +85,7 @@ def main() -> None:
     import mlflow
     import pandas as pd
 
-    from components import tracking
+    from components.core import tracking
 
     p = load_params(args.project / "params.yaml")
     uri = tracking.tracking_uri(p.tracking, args.project)

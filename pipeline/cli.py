@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from components.errors import BertflowError
-from pipeline.options import ParamsOption
+from components.core.errors import BertflowError
+from pipeline.cli_common import ParamsOption, mlflow_client
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
@@ -23,7 +23,7 @@ def run(
                                             "instead of refusing.")] = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
-    from components.config import load_params
+    from components.core.config import load_params
     from pipeline.stages import plan
 
     plan(load_params(params), until)  # refuse bad params or a bad stage before Prefect starts
@@ -51,27 +51,12 @@ registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry
 app.add_typer(registry_app, name="registry")
 
 
-def _client(params: Path):
-    """The project's MLflow client; also points mlflow's own URIs (models:/...) at the store."""
-    import mlflow
-
-    from components import tracking
-    from components.config import load_params
-
-    params = params.resolve()
-    cfg = load_params(params).tracking
-    uri = tracking.tracking_uri(cfg, params.parent)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    return tracking.client(cfg, params.parent)
-
-
 @registry_app.command("list")
 def registry_list(params: ParamsOption = Path("params.yaml")) -> None:
     """Every registered model: versions, champion (and its test metric), candidate, history."""
-    from components.registry import listing
+    from components.lifecycle.registry import listing
 
-    rows = listing(_client(params))
+    rows = listing(mlflow_client(params))
     if not rows:
         typer.echo("the registry is empty: run `bertflow run` first")
         return
@@ -85,18 +70,18 @@ def registry_list(params: ParamsOption = Path("params.yaml")) -> None:
 @registry_app.command()
 def promote(task: str, version: str, params: ParamsOption = Path("params.yaml")) -> None:
     """Make VERSION the champion of TASK (the previous one stays in the history)."""
-    from components.registry import promote as do_promote
+    from components.lifecycle.registry import promote as do_promote
 
-    do_promote(_client(params), task, version)
+    do_promote(mlflow_client(params), task, version)
     typer.echo(f"{task}: version {version} is champion")
 
 
 @registry_app.command()
 def rollback(task: str, params: ParamsOption = Path("params.yaml")) -> None:
     """Give TASK's champion back to the previous champion."""
-    from components.registry import rollback as do_rollback
+    from components.lifecycle.registry import rollback as do_rollback
 
-    typer.echo(f"{task}: version {do_rollback(_client(params), task)} is champion again")
+    typer.echo(f"{task}: version {do_rollback(mlflow_client(params), task)} is champion again")
 
 
 @app.command()
@@ -105,9 +90,9 @@ def lineage(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Where a model version comes from: code, params, data versions, the encoder and its data."""
-    from components.registry import lineage as chain
+    from components.lifecycle.registry import lineage as chain
 
-    typer.echo("\n".join(chain(_client(params), ref)))
+    typer.echo("\n".join(chain(mlflow_client(params), ref)))
 
 
 @app.command()
@@ -129,16 +114,16 @@ def predict(
     import mlflow
     import pandas as pd
 
-    from components.errors import ConfigError
-    from components.inference import read_batches
-    from components.io import atomic_file
-    from components.progress import bar
+    from components.core.errors import ConfigError
+    from components.core.io import atomic_file
+    from components.core.progress import bar
+    from components.lifecycle.inference import read_batches
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
     if text_b and len(text_b) != len(text or []):
         raise ConfigError("give one --text-b per --text")
-    _client(params)
+    mlflow_client(params)
     pyfunc = mlflow.pyfunc.load_model(model or f"models:/{task}@champion")
     if file is None:
         rows = [{"text_a": a, "text_b": b} for a, b in zip(text, text_b, strict=True)] if text_b \
@@ -168,9 +153,9 @@ def export_hf(
 
     import mlflow
 
-    from components.hf_export import export_hf as convert
+    from components.lifecycle.hf_export import export_hf as convert
 
-    _client(params)
+    mlflow_client(params)
     uri = f"models:/{task}@{ref}" if not ref.isdigit() else f"models:/{task}/{ref}"
     with tempfile.TemporaryDirectory(prefix="bertflow-hf-") as tmp:
         local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=tmp))
@@ -196,11 +181,11 @@ def report(
     curves, per-task metrics and plots, the transfer table, the registry (works offline)."""
     from datetime import UTC, datetime
 
-    from components.config import load_params
-    from components.io import atomic_file
-    from components.registry import listing
-    from components.report import build_report
-    from components.tracking import git_state
+    from components.core.config import load_params
+    from components.core.io import atomic_file
+    from components.core.tracking import git_state
+    from components.lifecycle.registry import listing
+    from components.lifecycle.report import build_report
     from pipeline.publish import params_sha256
 
     root, p = params.resolve().parent, load_params(params)
@@ -208,7 +193,7 @@ def report(
               "params sha256": params_sha256(p),
               "written": datetime.now(UTC).isoformat(timespec="seconds")}
     page = build_report(root / p.paths.metrics, f"bertflow report: {root.name}",
-                        listing(_client(params)), header)
+                        listing(mlflow_client(params)), header)
     with atomic_file(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     typer.echo(f"{out}: {len(page) / 1e6:.1f} MB, open it in any browser (no network needed)")
@@ -220,8 +205,8 @@ def compare(
                                                    "mini=metrics/transfer.json.")],
 ) -> None:
     """Print several runs' transfer tables as one Markdown table: a column per run and init."""
-    from components.evaluate import compare_transfer
-    from components.io import read_json
+    from components.core.io import read_json
+    from components.evaluation.tables import compare_transfer
 
     tables = {}
     for item in runs:
@@ -259,7 +244,7 @@ def main() -> None:
     else in its traceback. Secrets are masked in both, as in every log line."""
     import traceback
 
-    from components.redact import redact
+    from components.core.redact import redact
     from pipeline import env
 
     env.configure()

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from components.errors import ConfigError
-from pipeline.options import ParamsOption
+from components.core.errors import ConfigError
+from pipeline.cli_common import ParamsOption, mlflow_client
 
 ModelOption = Annotated[Path | None, typer.Option(
     "--model", help="An exported encoder folder [default: the registry's newest encoder].",
@@ -26,17 +26,16 @@ ModelOption = Annotated[Path | None, typer.Option(
 def encoder(model: Path | None, params: Path) -> Iterator:
     """The encoder to look into: `model`, or the newest registered version (downloaded to a
     temp folder for the command's duration)."""
-    from components.explore import load_encoder
+    from components.lifecycle.explore import load_encoder
 
     if model is not None:
         yield load_encoder(model)
         return
     import mlflow
 
-    from components.registry import CANDIDATE, ENCODER, resolve
-    from pipeline.cli import _client
+    from components.lifecycle.registry import CANDIDATE, ENCODER, resolve
 
-    client = _client(params)
+    client = mlflow_client(params)
     version = resolve(client, f"{ENCODER}@{CANDIDATE}")  # the newest encoder version
     with tempfile.TemporaryDirectory(prefix="bertflow-encoder-") as tmp:
         local = mlflow.artifacts.download_artifacts(f"models:/{ENCODER}/{version.version}", dst_path=tmp)
@@ -50,7 +49,7 @@ def fill_mask(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The encoder's top predictions, with probabilities, for each [MASK] in TEXT."""
-    from components.explore import fill_mask as predict
+    from components.lifecycle.explore import fill_mask as predict
 
     with encoder(model, params) as enc:
         answers = predict(enc, text, top_k)
@@ -76,11 +75,11 @@ def embed(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from components.explore import embed as pooled
-    from components.explore import token_vectors
-    from components.inference import read_batches
-    from components.io import atomic_file
-    from components.progress import bar
+    from components.core.io import atomic_file
+    from components.core.progress import bar
+    from components.lifecycle.explore import embed as pooled
+    from components.lifecycle.explore import token_vectors
+    from components.lifecycle.inference import read_batches
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
@@ -125,7 +124,7 @@ def similarity(
     """How WORD's contextual vector changes with its context: a cosine table (the "bank" test)."""
     import numpy as np
 
-    from components.explore import cosine_table, word_in_context
+    from components.lifecycle.explore import cosine_table, word_in_context
 
     if len(context) < 2:
         raise ConfigError("give two or more --context")
@@ -147,7 +146,7 @@ def attention(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """A heatmap of one layer's and head's attention over TEXT's tokens."""
-    from components.explore import attention_maps, plot_attention
+    from components.lifecycle.explore import attention_maps, plot_attention
 
     with encoder(model, params) as enc:
         tokens, maps = attention_maps(enc, text)  # (layers, heads, T, T)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 
-from components.redact import install_log_redaction
+from components.core.logs import configure_logging
 
 DEFAULTS = {
     "DVC_NO_ANALYTICS": "1",
@@ -25,14 +23,4 @@ def configure() -> None:
     """Apply DEFAULTS to os.environ and set up plain, redacted logging; called once by the CLI."""
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    install_log_redaction()  # no credentials or tokens in any log line
-    for noisy in ("great_expectations", "alembic", "urllib3", "httpx", "dvc"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # Lightning prints through its own handler; without this every line appears twice.
-    logging.getLogger("lightning.pytorch").propagate = False
-    # Per-fit banners (GPU/TPU available, tips): fine-tuning fits dozens of runs per pipeline.
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a deprecation inside Lightning
-    # Fine-tuning batches come from one in-process iterator (no workers), so its length is exact.
-    warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
+    configure_logging()

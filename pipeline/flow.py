@@ -15,9 +15,9 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from components.config import flatten, load_params
-from components.errors import BertflowError
-from components.redact import masks_errors
+from components.core.config import flatten, load_params
+from components.core.errors import BertflowError
+from components.core.redact import masks_errors
 from pipeline import versioning
 from pipeline.stages import (
     PARENT_RUN_ENV,
@@ -102,7 +102,7 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
     import subprocess
     import sys
 
-    from components.io import read_json
+    from components.core.io import read_json
 
     env = {**os.environ, PARENT_RUN_ENV: parent_run_id, RUN_KEY_ENV: key}
     cmd = [sys.executable, "-m", "pipeline.cli", "stage", name, "--params", params_path]
@@ -173,7 +173,7 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     """The body of pipeline_flow, under the project lock."""
     from prefect.artifacts import create_markdown_artifact
 
-    from components import tracking
+    from components.core import tracking
 
     logger = get_run_logger()
     path = Path(params_path).resolve()
@@ -189,7 +189,7 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     results: dict[str, dict] = {}
     current = None
     try:
-        with tracking.run(p.tracking, root, "pipeline",
+        with tracking.mlflow_run(p.tracking, root, "pipeline",
                           tags={"bertflow.flow": "pipeline", **tracking.git_state(root)}) as parent:
             parent.log_params({"until": until or "all", "params_file": str(path)})
             for group in stage_groups(plan(p, until)):

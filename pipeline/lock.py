@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from components.errors import BertflowError
+from components.core.errors import BertflowError
 
 
 def lock_path(root: Path) -> Path:

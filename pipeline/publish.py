@@ -12,8 +12,9 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from components.config import Params, load_params, to_dict
-from components.io import read_json
+from components.core.config import Params, load_params, to_dict
+from components.core.io import read_json
+from components.model.metadata import read_task_model_info
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def _dvc_tags(params_path: Path, *stages: str) -> dict[str, str]:
 
 def _example(task_dir: Path, kind: str, rows: int = 3) -> list[dict]:
     """A few test inputs, as raw text, for the model's input example."""
-    from components.tasks import read_split
+    from components.data.tasks.folder import read_split
 
     test = read_split(task_dir, "test").slice(0, rows).to_pylist()
     if kind in ("token", "span"):
@@ -47,14 +48,15 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             run_key: str | None = None) -> dict[str, dict]:
     """Register the encoder and the exported models of `tasks` that have been evaluated
     (attempts with one `run_key` share one MLflow run)."""
-    from components import registry, tracking
+    from components.core import tracking
+    from components.lifecycle import registry
 
     params_path = Path(params_path).resolve()
     root, p = params_path.parent, load_params(params_path)
     code = {**tracking.git_state(root), "bertflow.params_sha256": params_sha256(p)}
     models = root / p.paths.models
     outcome: dict[str, dict] = {}
-    with tracking.run(p.tracking, root, "registry", parent_run_id=parent_run_id,
+    with tracking.mlflow_run(p.tracking, root, "registry", parent_run_id=parent_run_id,
                       tags={"bertflow.stage": "registry", **code}, key=run_key) as run:
         client = run.client
         encoder_version = None
@@ -71,11 +73,11 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             if not stats or not (model_dir / "bertflow.json").exists():
                 log.info("registry: %s has no evaluated model yet, not registered", task)
                 continue
-            exported = read_json(model_dir / "bertflow.json")["run"]
-            metric = stats["runs"][exported][stats["metric"]]
-            init = exported.rsplit("-s", 1)[0]  # the arm the exported run belongs to
+            exported = read_task_model_info(model_dir).fit
+            metric = stats["fits"][exported][stats["metric"]]
+            init = exported.rsplit("-s", 1)[0]  # the arm the exported fit belongs to
             tags = {**code, **_dvc_tags(params_path, f"finetune@{task}", f"evaluate@{task}"),
-                    "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.run": exported,
+                    "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.fit": exported,
                     "bertflow.encoder_version": str(encoder_version or "none"),
                     "bertflow.metric_mean": f"{stats['primary'][init]['mean']:.6f}"}
             done = registry.register_task(client, run, task, stats["kind"], model_dir,

@@ -1,7 +1,7 @@
 """The configuration reference: every params.yaml key with its default and its docstring, as
-Markdown, generated from the dataclasses of components/config.py into the README.
+Markdown, generated from the dataclasses of components/core/config.py into docs/configuration.md.
 
-`python -m pipeline.reference` rewrites the README's section; a test keeps it current.
+`python -m pipeline.reference` rewrites that page's generated section; a test keeps it current.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 import typing
 from pathlib import Path
 
-import components.config as config
+import components.core.config as config
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def docstrings() -> dict[tuple[str, str], str]:
@@ -86,15 +86,15 @@ def reference_markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def readme_with_reference(readme: str) -> str:
-    """`readme` with the text between the reference markers replaced by the reference."""
-    head, start, rest = readme.partition(START)
+def page_with_reference(page: str) -> str:
+    """`page` with the text between the reference markers replaced by the reference."""
+    head, start, rest = page.partition(START)
     _, end, tail = rest.partition(END)
     if not start or not end:
-        raise ValueError(f"README.md has no {START} ... {END} section")
+        raise ValueError(f"{PAGE.name} has no {START} ... {END} section")
     return f"{head}{START}\n{reference_markdown()}{END}{tail}"
 
 
 if __name__ == "__main__":
-    README.write_text(readme_with_reference(README.read_text()))
-    sys.stdout.write(f"{README}: configuration reference rewritten\n")
+    PAGE.write_text(page_with_reference(PAGE.read_text()))
+    sys.stdout.write(f"{PAGE}: configuration reference rewritten\n")

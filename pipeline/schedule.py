@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from components.config import load_params
+from components.core.config import load_params
 from pipeline import versioning
 from pipeline.flow import pipeline_flow
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config import Params, load_params, to_dict
-from components.errors import BertflowError
+from components.core.config import Params, load_params, to_dict
+from components.core.errors import BertflowError
 
 if TYPE_CHECKING:
-    from components.tracking import Run
+    from components.core.tracking import MlflowRun
 
 log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"  # set by the flow for stages it runs as a subprocess
@@ -30,7 +30,7 @@ class Stage:
     """One pipeline stage."""
 
     name: str
-    run: Callable[[Params, Path, Run | None, str], dict]
+    call: Callable[[Params, Path, MlflowRun | None, str], dict]
     """Calls the component function with paths resolved against the project root, the stage's
     MLflow run (None on the non-zero ranks of a distributed run) and the task ('' if none)."""
     params: tuple[str, ...]
@@ -45,67 +45,70 @@ class Stage:
     ranks by re-running the current command, which must be the stage, not the whole flow."""
 
 
-def _ingest(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.corpus import ingest
+def _ingest(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.data.ingest import ingest
 
     return ingest(p.ingest, root, root / p.paths.packages, root / p.paths.raw)
 
 
-def _clean(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.corpus import clean
+def _clean(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.data.clean import clean
 
     return clean(p.clean, p.executor, root / p.paths.raw, root / p.paths.clean)
 
 
-def _checkpoint(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.checkpoint import import_checkpoint
+def _checkpoint(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.model.checkpoint import import_checkpoint
 
     return import_checkpoint(p.pretrain.init_from, root, root / p.paths.packages,
                              root / p.paths.checkpoint)
 
 
-def _tokenizer(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.tokenizer import adopt_checkpoint_tokenizer, train_tokenizer
-
+def _tokenizer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
     if p.pretrain.init_from:  # the checkpoint's embeddings index its own vocabulary
-        return adopt_checkpoint_tokenizer(p.pretrain.init_from, root / p.paths.checkpoint,
-                                          root / p.paths.clean, root / p.paths.tokenizer)
+        from components.model.checkpoint_tokenizer import adopt_tokenizer
+
+        return adopt_tokenizer(p.pretrain.init_from, root / p.paths.checkpoint, root / p.paths.clean,
+                               root / p.paths.tokenizer)
+    from components.data.tokenizer import train_tokenizer
+
     return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
                            max_len=p.model.max_position)
 
 
-def _pairs(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.pairs import make_pairs
+def _pairs(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.data.pairs import make_pairs
 
     return make_pairs(p.pairs, p.executor, root / p.paths.clean, root / p.paths.tokenizer,
                       root / p.paths.pairs)
 
 
-def _pretrain(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.pretrain import pretrain, write_curve
+def _pretrain(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.evaluation.plots import write_pretrain_curve
+    from components.training.pretrain import pretrain
 
     encoder = root / p.paths.models / "encoder"
     stats = pretrain(p.model, p.pretrain, root / p.paths.pairs, root / p.paths.tokenizer, encoder,
-                     root / p.paths.models / "pretrain-checkpoints",
+                     root / p.paths.models / "pretrain-snapshots",
                      root / p.paths.checkpoint if p.pretrain.init_from else None,
                      mlflow_run=(run.uri, run.run_id) if run else None)
     if run is None:  # a non-zero rank: rank 0 writes and records everything
         return stats
     history = stats.pop("history")
-    write_curve(history, root / p.paths.metrics / "pretrain_curve.csv",
-                root / p.paths.metrics / "pretrain_curve.png")
+    write_pretrain_curve(history, root / p.paths.metrics / "pretrain_curve.csv",
+                         root / p.paths.metrics / "pretrain_curve.png")
     return stats  # the encoder is registered after the run (pipeline.publish), once per content
 
 
-def _task_data(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.tasks import prepare_task
+def _task_data(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.data.tasks.prepare import prepare_task
 
     return prepare_task(task, p.finetune.tasks[task], root, root / p.paths.packages,
                         root / p.paths.tasks / task)
 
 
-def _finetune(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.finetune import finetune_task
+def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.training.finetune import finetune_task
 
     out = root / p.paths.models / "tasks" / task
     stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
@@ -115,15 +118,15 @@ def _finetune(p: Params, root: Path, run: Run | None, task: str) -> dict:
     return stats
 
 
-def _evaluate(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.evaluate import evaluate_task
+def _evaluate(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.evaluation.evaluate import evaluate_task
 
     return evaluate_task(task, p.finetune.tasks[task], p.evaluate, root / p.paths.tasks / task,
                          root / p.paths.models / "tasks" / task, root / p.paths.metrics / "tasks" / task)
 
 
-def _transfer(p: Params, root: Path, run: Run | None, task: str) -> dict:
-    from components.evaluate import transfer_report
+def _transfer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.evaluation.transfer import transfer_report
 
     metrics = root / p.paths.metrics
     return transfer_report(list(p.finetune.tasks), metrics / "tasks", metrics / "transfer.md",
@@ -209,7 +212,7 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
               key: str | None = None):
     """The stage's MLflow run with its params and lineage tags: the git commit and the hashes
     DVC records in dvc.lock for the stage's deps."""
-    from components import tracking
+    from components.core import tracking
     from pipeline import versioning
 
     root = params_path.parent
@@ -218,7 +221,7 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
     if versioning.is_dvc_project(root):
         tags.update(versioning.dep_hashes(root, name))
-    run = tracking.run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
+    run = tracking.mlflow_run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
     return p, root, run
 
 
@@ -244,12 +247,12 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
 
     Ranks other than 0 of a distributed run only compute: no run, no files, no records.
     """
-    from components.io import write_json
+    from components.core.io import write_json
 
     stage, task = split_name(name)
     params_path = Path(params_path).resolve()
     if distributed_rank() != 0:
-        return stage.run(load_params(params_path), params_path.parent, None, task)
+        return stage.call(load_params(params_path), params_path.parent, None, task)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
     p, root, opened = _open_run(name, params_path, parent_run_id, "ran", run_key)
@@ -257,7 +260,7 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
         _check_task(p, task, params_path)
         run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
-        stats = stage.run(p, root, run, task)
+        stats = stage.call(p, root, run, task)
         seconds = time.perf_counter() - start
         out = metrics_file(p, root, name)
         write_json(out, stats)
@@ -272,7 +275,7 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
 def record_skipped(name: str, params_path: Path, parent_run_id: str | None) -> dict:
     """An MLflow run for a stage DVC found up to date: the same params and lineage, and the
     stats of the outputs it keeps."""
-    from components.io import read_json
+    from components.core.io import read_json
 
     stage, task = split_name(name)
     params_path = Path(params_path).resolve()

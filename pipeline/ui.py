@@ -19,8 +19,8 @@ PREFECT_HINT = ("Prefect UI: `prefect server start` (it listens on http://127.0.
 
 def mlflow_ui_command(params: Path, host: str, port: int) -> list[str]:
     """The `mlflow server` command line for the project's tracking store and artifacts."""
-    from components import tracking
-    from components.config import load_params
+    from components.core import tracking
+    from components.core.config import load_params
 
     params = Path(params).resolve()
     cfg = load_params(params).tracking

@@ -47,7 +47,7 @@ def commit(root: Path, stage: str) -> None:
     DVC rewrites dvc.lock in place, so a kill mid-write would leave it truncated and every later
     DVC call failing: the old dvc.lock is kept aside until the commit ends (see recover_lock).
     """
-    from components.io import atomic_file
+    from components.core.io import atomic_file
 
     lock = root / "dvc.lock"
     with atomic_file(_journal(root)) as tmp:  # empty: there was no dvc.lock

@@ -75,9 +75,10 @@ def run_cli(*args: str, cwd: Path, check: bool = True,
 @pytest.fixture(scope="session")
 def stages_dir(tmp_path_factory) -> Path:
     """ingest, clean and tokenizer run once on the small real corpus; tests read the outputs."""
-    from components.config import Params, from_dict
-    from components.corpus import clean, ingest
-    from components.tokenizer import train_tokenizer
+    from components.core.config import Params, from_dict
+    from components.data.clean import clean
+    from components.data.ingest import ingest
+    from components.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("stages")
     p = from_dict(Params, small_params(), "small:")
@@ -90,8 +91,8 @@ def stages_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pairs_out(stages_dir) -> tuple[Path, dict]:
     """The pairs stage on the small corpus (default params), once per session."""
-    from components.config import ExecutorConfig, PairsConfig
-    from components.pairs import make_pairs
+    from components.core.config import ExecutorConfig, PairsConfig
+    from components.data.pairs import make_pairs
 
     stats = make_pairs(PairsConfig(), ExecutorConfig(workers=2), stages_dir / "clean",
                        stages_dir / "tokenizer", stages_dir / "pairs")
@@ -140,7 +141,7 @@ def make_task_project(repo: Path, tasks: dict) -> Path:
     data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
     data["model"]["preset"] = "tiny"
     data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
-                            checkpoint_every_steps=15, short_seq_steps=10, accelerator="cpu")
+                            snapshot_every_steps=15, short_seq_steps=10, accelerator="cpu")
     data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], lr=0.003, epochs=8,
                             batch_size=16, patience=16)
     make_dvc_project(repo, data)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import (
+from components.core.config import (
     CleanConfig,
     ExecutorConfig,
     FinetuneConfig,
@@ -20,10 +20,11 @@ from components.config import (
     TaskConfig,
     TokenizerConfig,
 )
-from components.corpus import clean, ingest
-from components.errors import DataError
-from components.pairs import make_pairs
-from components.tokenizer import train_tokenizer
+from components.core.errors import DataError
+from components.data.clean import clean
+from components.data.ingest import ingest
+from components.data.pairs import make_pairs
+from components.data.tokenizer import train_tokenizer
 from tests.conftest import PACKAGES
 
 SERIAL = ExecutorConfig(kind="serial")
@@ -101,14 +102,14 @@ def test_a_vocab_larger_than_the_corpus_supports_is_trimmed_with_a_warning(tiny_
 
 
 TINY_PRETRAIN = {"max_steps": 4, "warmup_steps": 1, "batch_size": 4, "val_every_steps": 2,
-                 "checkpoint_every_steps": 2, "short_seq_steps": 0, "accelerator": "cpu"}
+                 "snapshot_every_steps": 2, "short_seq_steps": 0, "accelerator": "cpu"}
 
 
 def _pretrain(stages: Path, out: Path, **cfg):
-    from components.pretrain import pretrain
+    from components.training.pretrain import pretrain
 
     return pretrain(ModelConfig(preset="tiny"), PretrainConfig(**{**TINY_PRETRAIN, **cfg}),
-                    stages / "pairs", stages / "tokenizer", out / "encoder", out / "checkpoints")
+                    stages / "pairs", stages / "tokenizer", out / "encoder", out / "snapshots")
 
 
 def test_a_corpus_smaller_than_one_batch_fails_before_training(tiny_stages, tmp_path):
@@ -117,21 +118,22 @@ def test_a_corpus_smaller_than_one_batch_fails_before_training(tiny_stages, tmp_
     assert no_output_left(tmp_path / "encoder")
 
 
-def _checkpoint_path(stages: Path, out: Path) -> Path:
-    """Where `_pretrain` looks for the checkpoint to resume from."""
-    from components.pretrain import bert_config, run_fingerprint
-    from components.tokenizer import load
+def _snapshot_path(stages: Path, out: Path) -> Path:
+    """Where `_pretrain` looks for the snapshot to resume from."""
+    from components.data.tokenizer import load
+    from components.model.metadata import CheckpointInfo
+    from components.training.pretrain import bert_config, run_fingerprint
 
     cfg = PretrainConfig(**TINY_PRETRAIN)
     bert = bert_config(ModelConfig(preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
-    run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer", {"init_from": ""})
-    path = out / "checkpoints" / run / "last.ckpt"
+    run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer", CheckpointInfo(init_from=""))
+    path = out / "snapshots" / run / "last.ckpt"
     path.parent.mkdir(parents=True)
     return path
 
 
 class _RunsCode:
-    """What a malicious checkpoint would carry: unpickling it calls `Path.touch`."""
+    """What a malicious snapshot would carry: unpickling it calls `Path.touch`."""
 
     def __init__(self, marker: Path):
         self.marker = marker
@@ -141,10 +143,10 @@ class _RunsCode:
 
 
 @pytest.mark.parametrize("content", ["damaged", "pickled code"])
-def test_a_damaged_or_unsafe_checkpoint_is_refused_by_name(tiny_stages, tmp_path, content):
+def test_a_damaged_or_unsafe_snapshot_is_refused_by_name(tiny_stages, tmp_path, content):
     import torch
 
-    path = _checkpoint_path(tiny_stages, tmp_path)
+    path = _snapshot_path(tiny_stages, tmp_path)
     marker = tmp_path / "code-ran"
     if content == "damaged":
         path.write_bytes(b"PK\x03\x04 half a zip file")
@@ -154,7 +156,7 @@ def test_a_damaged_or_unsafe_checkpoint_is_refused_by_name(tiny_stages, tmp_path
     with pytest.raises(DataError) as info:
         _pretrain(tiny_stages, tmp_path)
     assert str(path) in str(info.value) and expected in str(info.value)
-    assert not marker.exists()  # the checkpoint's code never ran
+    assert not marker.exists()  # the snapshot's code never ran
     assert no_output_left(tmp_path / "encoder")
 
 
@@ -162,20 +164,22 @@ def test_a_damaged_or_unsafe_checkpoint_is_refused_by_name(tiny_stages, tmp_path
 
 @pytest.fixture(scope="module")
 def encoder(tiny_stages, tmp_path_factory) -> Path:
-    from components.model import BertConfig, build_model
-    from components.pretrain import export
-    from components.tokenizer import load
+    from components.data.tokenizer import load
+    from components.model.build import build_model
+    from components.model.config import BertConfig
+    from components.model.folders import write_encoder
+    from components.model.metadata import EncoderInfo
 
     cfg = BertConfig(vocab_size=load(tiny_stages / "tokenizer").get_vocab_size(), hidden=32,
                      layers=1, heads=2, intermediate=64, max_position=64)
     out = tmp_path_factory.mktemp("encoder") / "encoder"
-    export(build_model(cfg), cfg, tiny_stages / "tokenizer", out, {"stats": {}})
+    write_encoder(build_model(cfg), EncoderInfo(cfg), tiny_stages / "tokenizer", out)
     return out
 
 
 @pytest.fixture(scope="module")
 def task_dir(tmp_path_factory) -> Path:
-    from components.tasks import prepare_task
+    from components.data.tasks.prepare import prepare_task
     from tests.test_finetune import _user_files
 
     root = tmp_path_factory.mktemp("task")
@@ -186,7 +190,7 @@ def task_dir(tmp_path_factory) -> Path:
 
 
 def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
-    from components.finetune import finetune_task
+    from components.training.finetune import finetune_task
 
     task = TaskConfig("classification", "unused", epochs=1)
     return finetune_task("reviews", task, FinetuneConfig(seeds=[1], init=["pretrained"], workers=1),
@@ -230,10 +234,10 @@ def test_damaged_or_missing_encoder_weights_are_named(task_dir, encoder, tmp_pat
 
 
 def test_a_task_model_with_damaged_weights_is_named_when_loaded(task_dir, encoder, tmp_path):
-    from components.inference import load_task_model
+    from components.lifecycle.inference import load_task_model
 
     _finetune(task_dir, encoder, tmp_path)
-    model = tmp_path / "model" / "model"  # the exported run, as the registry and predict load it
+    model = tmp_path / "model" / "model"  # the exported fit, as the registry and predict load it
     assert load_task_model(model).kind == "classification"
     (model / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(DataError, match=f"{model / 'model.safetensors'}: not readable as safetensors"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from components.errors import DataError
+from components.core.errors import DataError
 from tests.conftest import PACKAGES, run_cli
 
 TEXTS = ["The president said the bill would cut taxes.", "A short one.",
@@ -47,8 +47,9 @@ def test_minilm_in_our_encoder_gives_transformers_hidden_states(tmp_path):
     from tokenizers import Tokenizer
     from transformers import BertModel
 
-    from components.checkpoint import config_from_hf, import_checkpoint, load_checkpoint, source_dir
-    from components.tokenizer import load
+    from components.data.tokenizer import load
+    from components.model.checkpoint import import_checkpoint, load_checkpoint, source_dir
+    from components.model.hf_layout import config_from_hf
 
     info = import_checkpoint("all-minilm-l6-v2", tmp_path, PACKAGES, tmp_path / "ckpt")
     assert (info["layers"], info["hidden"], info["heads"], info["vocab_size"]) == (6, 384, 12, 30522)
@@ -74,7 +75,8 @@ def test_minilm_in_our_encoder_gives_transformers_hidden_states(tmp_path):
 def test_a_pretraining_checkpoint_brings_its_heads(tmp_path):
     from transformers import BertForPreTraining
 
-    from components.checkpoint import config_from_hf, import_checkpoint, load_checkpoint
+    from components.model.checkpoint import import_checkpoint, load_checkpoint
+    from components.model.hf_layout import config_from_hf
 
     source = _hf_checkpoint(tmp_path / "hf", head="BertForPreTraining")
     info = import_checkpoint(str(source), tmp_path, PACKAGES, tmp_path / "ckpt")
@@ -115,7 +117,7 @@ def _drop_tensor(folder: Path, key: str) -> None:
     (lambda f: (f / "model.safetensors").write_bytes(b"not a tensor file"), "the file is damaged"),
 ])
 def test_a_bad_checkpoint_is_refused_naming_both_sides(tmp_path, damage, message):
-    from components.checkpoint import import_checkpoint
+    from components.model.checkpoint import import_checkpoint
 
     source = _hf_checkpoint(tmp_path / "hf")
     damage(source)
@@ -126,7 +128,7 @@ def test_a_bad_checkpoint_is_refused_naming_both_sides(tmp_path, damage, message
 
 
 def test_init_from_names_a_folder_or_a_packaged_checkpoint(tmp_path):
-    from components.checkpoint import import_checkpoint
+    from components.model.checkpoint import import_checkpoint
 
     with pytest.raises(DataError, match="not-there is not a folder, nor a packaged checkpoint "
                                         r"\(all-minilm-l6-v2\)"):
@@ -136,7 +138,7 @@ def test_init_from_names_a_folder_or_a_packaged_checkpoint(tmp_path):
 
 def _corpus_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     """A tiny BertModel over the small corpus's vocabulary (as if pretrained elsewhere)."""
-    from components.tokenizer import load
+    from components.data.tokenizer import load
 
     _hf_checkpoint(folder, vocab_size=load(tokenizer_dir).get_vocab_size(), seed=seed)
     for name in ("tokenizer.json", "vocab.txt"):
@@ -147,9 +149,9 @@ def _corpus_checkpoint(folder: Path, tokenizer_dir: Path, seed: int = 0) -> Path
 def _continue(stages_dir, pairs_dir, tmp_path, name: str, **settings) -> tuple[dict, dict, dict]:
     from safetensors.torch import load_file
 
-    from components.checkpoint import import_checkpoint
-    from components.config import ModelConfig, PretrainConfig
-    from components.pretrain import pretrain
+    from components.core.config import ModelConfig, PretrainConfig
+    from components.model.checkpoint import import_checkpoint
+    from components.training.pretrain import pretrain
 
     source = _corpus_checkpoint(tmp_path / "hf", stages_dir / "tokenizer")
     ckpt, out = tmp_path / name / "ckpt", tmp_path / name / "encoder"
@@ -166,7 +168,7 @@ def test_continued_pretraining_starts_at_the_checkpoint_and_warms_up_the_new_hea
     # Head warm-up only: the encoder (and the checkpoint's pooler) must come out exactly as it
     # went in, while the fresh MLM head learned.
     stats, before, after = _continue(stages_dir, pairs_out[0], tmp_path, "warmup", max_steps=8,
-                                     head_warmup_steps=8, val_every_steps=8, checkpoint_every_steps=8)
+                                     head_warmup_steps=8, val_every_steps=8, snapshot_every_steps=8)
     assert stats["fresh_heads"] == ["mlm", "nsp"] and stats["steps"] == 8
     assert stats["history"][0]["step"] == 0 and stats["start_mlm_loss"] == stats["history"][0]["val/mlm_loss"]
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -174,7 +176,7 @@ def test_continued_pretraining_starts_at_the_checkpoint_and_warms_up_the_new_hea
 
     # Then the whole model trains: the encoder moves, and held-out MLM loss falls further.
     stats, before, after = _continue(stages_dir, pairs_out[0], tmp_path, "full", max_steps=40,
-                                     head_warmup_steps=8, val_every_steps=20, checkpoint_every_steps=20)
+                                     head_warmup_steps=8, val_every_steps=20, snapshot_every_steps=20)
     assert not torch.equal(before["bert.encoder.layer.0.output.dense.weight"],
                            after["bert.encoder.layer.0.output.dense.weight"])
     assert stats["mlm_loss"] < stats["start_mlm_loss"] - 0.5
@@ -211,7 +213,7 @@ def test_the_pipeline_continues_a_checkpoint_and_fine_tunes_every_arm(stages_dir
     pretrain = json.loads((metrics / "pretrain_stats.json").read_text())
     assert pretrain["init_from"] == "data/user/ckpt" and pretrain["mlm_loss"] < pretrain["start_mlm_loss"]
     evaluate = json.loads((metrics / "tasks" / "reviews" / "evaluate_stats.json").read_text())
-    assert set(evaluate["runs"]) == {"pretrained-s1", "checkpoint-s1", "scratch-s1"}
+    assert set(evaluate["fits"]) == {"pretrained-s1", "checkpoint-s1", "scratch-s1"}
     table = (metrics / "transfer.md").read_text()
     assert "| pretrained | checkpoint as is | from scratch | gain | vs checkpoint |" in table
     assert "continued pretraining of data/user/ckpt" in table

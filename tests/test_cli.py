@@ -82,7 +82,7 @@ def test_bad_params_name_the_key_and_unknown_stage_is_refused(tmp_path):
 
 
 def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
-    from components.config import Params
+    from components.core.config import Params
     from pipeline.flow import stage_groups
     from pipeline.stages import plan
 

@@ -9,8 +9,8 @@ import typing
 import pytest
 import yaml
 
-from components.config import Params, flatten, from_dict, load_params, to_dict
-from components.errors import ConfigError
+from components.core.config import Params, flatten, from_dict, load_params, to_dict
+from components.core.errors import ConfigError
 from pipeline.stages import STAGES
 from tests.conftest import ROOT, write_params
 
@@ -36,7 +36,7 @@ def test_every_config_field_has_a_docstring():
     import ast
     import inspect
 
-    import components.config as config
+    import components.core.config as config
 
     tree = ast.parse(inspect.getsource(config))
     for node in tree.body:
@@ -193,11 +193,11 @@ def test_config_types_are_all_supported():
     from_dict(Params, to_dict(Params()), "p:")
 
 
-def test_the_readme_configuration_reference_is_current():
-    from pipeline.reference import readme_with_reference, reference_markdown
+def test_the_configuration_reference_is_current():
+    from pipeline.reference import PAGE, page_with_reference, reference_markdown
 
-    readme = (ROOT / "README.md").read_text()
-    assert readme_with_reference(readme) == readme, "run `python -m pipeline.reference`"
+    page = PAGE.read_text()
+    assert page_with_reference(page) == page, "run `python -m pipeline.reference`"
     reference = reference_markdown()
     items = ("finetune.tasks.", "model.presets.", "ingest.sources", "clean.replacements")
     for key in flatten(to_dict(Params())):  # every key of params.yaml, nested ones included

@@ -10,19 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.config import CleanConfig, ExecutorConfig, IngestConfig, SourceConfig
-from components.corpus import (
-    CLEAN_SCHEMA,
-    RAW_SCHEMA,
-    choose_heldout,
-    clean,
-    decode_bytes,
-    ingest,
-    normalize,
-    split_sentences,
-)
-from components.errors import DataError, ValidationError
-from components.io import list_shards
+from components.core.config import CleanConfig, ExecutorConfig, IngestConfig, SourceConfig
+from components.core.errors import DataError, ValidationError
+from components.core.io import list_shards
+from components.data.clean import CLEAN_SCHEMA, choose_heldout, clean, normalize
+from components.data.ingest import RAW_SCHEMA, ingest
+from components.data.text import decode_bytes, split_sentences
 from tests.conftest import PACKAGES
 
 SERIAL = ExecutorConfig(kind="serial")

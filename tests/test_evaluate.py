@@ -8,20 +8,16 @@ import random
 
 import pytest
 
-from components.evaluate import (
+from components.data.tags import bio_to_spans, spans_to_bio
+from components.evaluation.baseline import tfidf_baseline
+from components.evaluation.metrics import classification_metrics, entity_metrics
+from components.evaluation.plots import write_confusion, write_curves, write_per_class
+from components.evaluation.tables import (
     arm_minutes,
-    bio_to_spans,
-    classification_metrics,
     compare_transfer,
     cost_cells,
-    entity_metrics,
-    spans_to_bio,
     summarize,
-    tfidf_baseline,
     transfer_table,
-    write_confusion,
-    write_curves,
-    write_per_class,
 )
 
 # A 3-class example, rows = true, columns = predicted:
@@ -259,11 +255,11 @@ def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
     assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps; {said}"
 
 
-def test_what_each_start_cost_is_minutes_per_run_by_init(tmp_path):
+def test_what_each_start_cost_is_minutes_per_fit_by_init(tmp_path):
     stats = tmp_path / "finetune_stats.json"
-    runs = {"pretrained-s1": {"minutes": 4.0}, "pretrained-s2": {"minutes": 5.0},
+    fits = {"pretrained-s1": {"minutes": 4.0}, "pretrained-s2": {"minutes": 5.0},
             "scratch-s1": {"minutes": 6.5}}
-    stats.write_text(json.dumps({"runs": runs}))
+    stats.write_text(json.dumps({"fits": fits}))
     minutes = arm_minutes(stats)
     assert minutes["pretrained"]["mean"] == 4.5 and minutes["scratch"]["values"] == [6.5]
     assert arm_minutes(tmp_path / "missing.json") == {}
@@ -343,8 +339,8 @@ def test_write_curves(tmp_path):
     }
     write_curves(histories, tmp_path / "out" / "curves.png", tmp_path / "out" / "curves.csv")
     rows = _read_csv(tmp_path / "out" / "curves.csv")
-    assert list(rows[0]) == ["run", "step", "epoch", "val_metric", "train_loss"]
-    assert [(r["run"], int(r["step"])) for r in rows] == [
+    assert list(rows[0]) == ["fit", "step", "epoch", "val_metric", "train_loss"]
+    assert [(r["fit"], int(r["step"])) for r in rows] == [
         ("pretrained-s1", 10), ("pretrained-s1", 20), ("scratch-s1", 10)]
     assert float(rows[1]["val_metric"]) == 0.7 and float(rows[2]["train_loss"]) == 1.5
     assert _is_png(tmp_path / "out" / "curves.png")
@@ -355,7 +351,7 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, components.evaluate; "
+    code = ("import sys, components.evaluation.metrics, components.evaluation.tables; "
             "print(any(m.split('.')[0] in ('matplotlib', 'sklearn') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -47,7 +47,7 @@ def _documents(n: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def encoder_dir(tmp_path_factory) -> Path:
-    from components.config import (
+    from components.core.config import (
         CleanConfig,
         ExecutorConfig,
         IngestConfig,
@@ -57,10 +57,11 @@ def encoder_dir(tmp_path_factory) -> Path:
         SourceConfig,
         TokenizerConfig,
     )
-    from components.corpus import clean, ingest
-    from components.pairs import make_pairs
-    from components.pretrain import pretrain
-    from components.tokenizer import train_tokenizer
+    from components.data.clean import clean
+    from components.data.ingest import ingest
+    from components.data.pairs import make_pairs
+    from components.data.tokenizer import train_tokenizer
+    from components.training.pretrain import pretrain
 
     root = tmp_path_factory.mktemp("explore")
     with (root / "corpus.jsonl").open("w") as f:
@@ -73,7 +74,7 @@ def encoder_dir(tmp_path_factory) -> Path:
     train_tokenizer(TokenizerConfig(vocab_size=200), root / "clean", root / "tokenizer")
     make_pairs(PairsConfig(max_seq_len=64), serial, root / "clean", root / "tokenizer", root / "pairs")
     cfg = PretrainConfig(max_steps=1500, warmup_steps=50, batch_size=32, lr=3e-3, short_seq_steps=0,
-                         mlm_probability=0.25, val_every_steps=1500, checkpoint_every_steps=1500,
+                         mlm_probability=0.25, val_every_steps=1500, snapshot_every_steps=1500,
                          accelerator="cpu")
     stats = pretrain(ModelConfig(preset="tiny"), cfg, root / "pairs", root / "tokenizer",
                      root / "encoder", root / "checkpoints")
@@ -112,7 +113,7 @@ def test_bank_by_the_river_is_not_bank_with_the_money(encoder_dir, tmp_path):
 def test_embeddings_as_npy_and_parquet_agree_with_the_token_vectors(encoder_dir, tmp_path):
     import pyarrow.parquet as pq
 
-    from components.explore import embed, load_encoder, token_vectors
+    from components.lifecycle.explore import embed, load_encoder, token_vectors
 
     texts = ["the capital of peru is lima .", "the bank gave him a loan ."]
     args = sum((["--text", t] for t in texts), [])
@@ -138,7 +139,7 @@ def test_embeddings_as_npy_and_parquet_agree_with_the_token_vectors(encoder_dir,
 
 
 def test_attention_maps_are_the_ones_the_model_attends_with(encoder_dir, tmp_path):
-    from components.explore import attention_maps, load_encoder
+    from components.lifecycle.explore import attention_maps, load_encoder
 
     enc = load_encoder(encoder_dir)
     text = "the boat was tied to the river bank ."

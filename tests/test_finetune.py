@@ -10,18 +10,17 @@ import pyarrow as pa
 import pytest
 import torch
 
-from components.finetune import (
+from components.model.config import IGNORE
+from components.model.decoding import pick_spans, word_tags
+from components.model.inputs import (
     align_words,
     collate,
     encode,
     enumerate_spans,
     fit_length,
     label_space,
-    pick_spans,
     token_labels,
-    word_tags,
 )
-from components.model import IGNORE
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +127,7 @@ def test_greedy_span_decoding_keeps_the_best_non_overlapping():
 
 
 def test_crf_viterbi_is_the_best_path_and_nll_normalises():
-    from components.heads import CRF
+    from components.model.heads import CRF
 
     torch.manual_seed(0)
     crf = CRF(3)
@@ -162,23 +161,27 @@ def test_crf_viterbi_is_the_best_path_and_nll_normalises():
 def tiny_encoder(stages_dir, tmp_path_factory):
     """A tiny encoder exported as the pretrain stage exports it (random weights: these tests
     check the mechanics; what pretraining buys is measured by the pipeline)."""
-    from components.model import BertConfig, build_model
-    from components.pretrain import export
-    from components.tokenizer import load
+    from components.data.tokenizer import load
+    from components.model.build import build_model
+    from components.model.config import BertConfig
+    from components.model.folders import write_encoder
+    from components.model.metadata import EncoderInfo
 
     vocab = load(stages_dir / "tokenizer").get_vocab_size()
     cfg = BertConfig(vocab_size=vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
     out = tmp_path_factory.mktemp("encoder") / "encoder"
-    export(build_model(cfg), cfg, stages_dir / "tokenizer", out, {"stats": {}})
+    write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
     return out
 
 
 def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
     """Arms of one seed differ only in their start: the draws after the model is built (dropout,
     data order) are the same with pretrained weights and from scratch."""
-    from components.finetune import load_encoder_weights, pretrained_config, task_model
+    from components.model.build import task_model
+    from components.model.metadata import read_encoder_info
+    from components.training.finetune_module import load_encoder_weights
 
-    cfg = pretrained_config(tiny_encoder)
+    cfg = read_encoder_info(tiny_encoder).config
     draws = []
     for pretrained in (True, False):
         torch.manual_seed(3)
@@ -220,12 +223,18 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
 
     from safetensors.torch import load_file
 
-    from components.config import EvaluateConfig, FinetuneConfig, TaskConfig
-    from components.evaluate import evaluate_task, transfer_report
-    from components.finetune import encode, finetune_task, predict, pretrained_config, task_model
-    from components.io import write_json
-    from components.tasks import prepare_task, read_meta, read_split
-    from components.tokenizer import load
+    from components.core.config import EvaluateConfig, FinetuneConfig, TaskConfig
+    from components.core.io import write_json
+    from components.data.tasks.folder import read_meta, read_split
+    from components.data.tasks.prepare import prepare_task
+    from components.data.tokenizer import load
+    from components.evaluation.evaluate import evaluate_task
+    from components.evaluation.transfer import transfer_report
+    from components.model.build import task_model
+    from components.model.decoding import predict
+    from components.model.inputs import encode
+    from components.model.metadata import read_task_model_info
+    from components.training.finetune import finetune_task
 
     _user_files(tmp_path / "user")
     tasks = {
@@ -242,28 +251,26 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)
         task_cfg = replace(cfg, crf=name == "ner")  # the CRF path too
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
-        assert set(stats["runs"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+        assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
         write_json(tmp_path / "metrics" / name / "finetune_stats.json", stats)  # as run_stage does
         metrics_dir = tmp_path / "metrics" / name
         evaluated = evaluate_task(name, task, EvaluateConfig(), task_dir, model_dir, metrics_dir)
-        # Learnable by construction: every run must have learned it, not only the chance level.
-        for run, metrics in evaluated["runs"].items():
-            assert metrics[evaluated["metric"]] > 0.8, (name, run, metrics)
+        # Learnable by construction: every fit must have learned it, not only the chance level.
+        for fit, metrics in evaluated["fits"].items():
+            assert metrics[evaluated["metric"]] > 0.8, (name, fit, metrics)
         assert (tmp_path / "metrics" / name / "curves.csv").exists()
         write_json(tmp_path / "metrics" / name / "evaluate_stats.json", evaluated)  # as run_stage does
 
         # The exported model reloads from safetensors + bertflow.json and predicts the same.
-        info = json.loads((model_dir / "model" / "bertflow.json").read_text())
-        assert info["labels"] == read_meta(task_dir)["labels"]
-        space = [info["id2label"][str(i)] for i in range(len(info["id2label"]))]
-        model = task_model(pretrained_config(model_dir / "model"), task.kind, space, info["crf"],
-                           task.max_span_words)
+        info = read_task_model_info(model_dir / "model")
+        assert info.labels == read_meta(task_dir)["labels"] and info.fit == "pretrained-s1"
+        model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
         model.load_state_dict(load_file(model_dir / "model" / "model.safetensors"))
         test = read_split(task_dir, "test")
-        examples = encode(test, task.kind, load(model_dir / "model"), info["labels"], 128,
+        examples = encode(test, task.kind, load(model_dir / "model"), info.labels, 128,
                           max_span_words=task.max_span_words)
-        again = predict(model, task.kind, examples, space, 16, task.span_decoding, info["threshold"])
-        saved = pa.parquet.read_table(model_dir / "runs" / "pretrained-s1.parquet").to_pylist()
+        again = predict(model, task.kind, examples, info.space, 16, task.span_decoding, info.threshold)
+        saved = pa.parquet.read_table(model_dir / "fits" / "pretrained-s1.parquet").to_pylist()
         if task.kind in ("classification", "pair"):
             assert [p[0] for p in again] == [r["pred"] for r in saved]
         elif task.kind == "token":
@@ -277,10 +284,10 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     assert all(f"| {name} |" in table for name in tasks)
     summary = json.loads((tmp_path / "transfer.json").read_text())
     assert summary["reviews"]["pretrained"]["n"] == 2 and summary["reviews"]["tfidf"] > 0.9
-    # What each start cost: minutes per run, by init, from each task's finetune_stats.json.
-    runs = json.loads((tmp_path / "metrics" / "reviews" / "finetune_stats.json").read_text())["runs"]
+    # What each start cost: minutes per fit, by init, from each task's finetune_stats.json.
+    fits = json.loads((tmp_path / "metrics" / "reviews" / "finetune_stats.json").read_text())["fits"]
     minutes = summary["reviews"]["minutes"]
-    assert minutes["scratch"]["values"] == [runs[f"scratch-s{s}"]["minutes"] for s in (1, 2)]
+    assert minutes["scratch"]["values"] == [fits[f"scratch-s{s}"]["minutes"] for s in (1, 2)]
     cost = table.split("## What each start cost")[1]
     assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)
 

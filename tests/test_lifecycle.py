@@ -146,7 +146,7 @@ def test_predict_streams_a_file_of_ten_thousand_lines(project, tmp_path):
     import mlflow
     import pandas as pd
 
-    from components.inference import read_batches
+    from components.lifecycle.inference import read_batches
 
     # Lines like the training file's: an even number is reviewed with a positive word. (Which
     # cue wins when the two disagree is asked of the champion in the first test.)
@@ -370,7 +370,7 @@ def test_the_report_holds_every_stage_task_and_model_and_needs_no_network(projec
     assert f"{pretrain['mlm_accuracy']:.4g}" in page
     for task in TASKS:
         evaluate = json.loads((project / "metrics" / "tasks" / task / "evaluate_stats.json").read_text())
-        scores = evaluate["runs"]["pretrained-s1"]
+        scores = evaluate["fits"]["pretrained-s1"]
         assert f"<h3>{task}</h3>" in page and f"{scores[evaluate['metric']]:.4g}" in page
         assert f"<td>{task}</td>" in page  # in the transfer table and the registry table
     transfer = json.loads((project / "metrics" / "transfer.json").read_text())

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from components.errors import BertflowError
+from components.core.errors import BertflowError
 from pipeline.lock import lock_path, project_lock
 from tests.conftest import BIN, ROOT, run_cli
 

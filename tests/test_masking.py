@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.config import PairsConfig, PretrainConfig
-from components.io import list_shards
-from components.masking import Masker, MaskingSpec
-from components.model import IGNORE
-from components.pairs import make_pairs
-from components.pretrain import masking_spec
+from components.core.config import PairsConfig, PretrainConfig
+from components.core.io import list_shards
+from components.data.pairs import make_pairs
+from components.model.config import IGNORE
+from components.model.masking import Masker, MaskingSpec
+from components.training.pretrain_data import masking_spec
 
 SPECIALS = [0, 1, 2, 3, 4]
 
@@ -20,7 +20,7 @@ def real(stages_dir, tmp_path_factory):
     """4,096 real 128-token instances and the masker's view of the real tokenizer."""
     import pyarrow.parquet as pq
 
-    from components.config import ExecutorConfig
+    from components.core.config import ExecutorConfig
 
     out = tmp_path_factory.mktemp("mask-pairs")
     make_pairs(PairsConfig(short_seq_prob=0.0), ExecutorConfig(kind="serial"), stages_dir / "clean",

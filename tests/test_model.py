@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.model import IGNORE, BertConfig, build_model, hf_config, hf_state_dict, load_hf_state_dict
+from components.model.build import build_model
+from components.model.config import IGNORE, BertConfig
+from components.model.hf_layout import hf_config, hf_state_dict, load_hf_state_dict
 
 CFG = BertConfig(vocab_size=300, hidden=32, layers=2, heads=4, intermediate=64, dropout=0.0)
 

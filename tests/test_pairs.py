@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components import validation
-from components.config import ExecutorConfig, PairsConfig
-from components.errors import ConfigError, ValidationError
-from components.io import iter_rows, list_shards
-from components.pairs import (
+from components.core.config import ExecutorConfig, PairsConfig
+from components.core.errors import ConfigError, ValidationError
+from components.core.io import iter_rows, list_shards
+from components.data import validation
+from components.data.pairs import (
     instances_from_document,
     make_pairs,
     pack_documents,
@@ -23,7 +23,7 @@ from components.pairs import (
     tokenize_documents,
     truncate_seq_pair,
 )
-from components.tokenizer import load
+from components.data.tokenizer import load
 
 SERIAL = ExecutorConfig(kind="serial")
 

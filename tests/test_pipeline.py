@@ -151,7 +151,7 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
     import dask
     from mlflow.tracking import MlflowClient
 
-    from components.errors import DataError
+    from components.core.errors import DataError
     from pipeline.flow import pipeline_flow
     from tests.conftest import small_params, write_params
 
@@ -190,11 +190,11 @@ def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, pr
                                                                      monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    import components.corpus
+    import components.data.ingest
     from pipeline.flow import pipeline_flow
     from tests.conftest import small_params, write_params
 
-    real_ingest, calls = components.corpus.ingest, []
+    real_ingest, calls = components.data.ingest.ingest, []
 
     def flaky_ingest(*args):  # the network share hiccups once, then answers
         calls.append(1)
@@ -202,7 +202,7 @@ def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, pr
             raise ConnectionResetError("connection reset by peer")
         return real_ingest(*args)
 
-    monkeypatch.setattr(components.corpus, "ingest", flaky_ingest)
+    monkeypatch.setattr(components.data.ingest, "ingest", flaky_ingest)
     monkeypatch.setattr("pipeline.flow.stage_task.retry_delay_seconds", 0)
     params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
     results = pipeline_flow(str(params), "ingest")
@@ -229,7 +229,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     data = yaml.safe_load((repo / "params.yaml").read_text())
     data["model"]["preset"] = "tiny"
     data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
-                            checkpoint_every_steps=15, short_seq_steps=10, accelerator="cpu")
+                            snapshot_every_steps=15, short_seq_steps=10, accelerator="cpu")
     data["finetune"].update(
         tasks={"reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
                            "columns": {"text": "review", "label": "verdict"}},
@@ -249,7 +249,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     table = (repo / "metrics" / "transfer.md").read_text()
     assert "| reviews | classification | accuracy |" in table and "| ner | token | entity_f1 |" in table
     stats = json.loads((repo / "metrics" / "tasks" / "ner" / "evaluate_stats.json").read_text())
-    assert set(stats["runs"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+    assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
     assert stats["primary"]["pretrained"]["mean"] > 0.8
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.config import PretrainConfig
-from components.masking import Masker
-from components.pretrain import PairBatches, list_blocks, lr_lambda, masking_spec
+from components.core.config import PretrainConfig
+from components.model.masking import Masker
+from components.training.common import linear_schedule
+from components.training.pretrain_data import PairBatches, list_row_groups, masking_spec
 from tests.conftest import BIN, run_cli, small_params, write_params
 
 
@@ -43,7 +44,7 @@ def test_ranks_see_disjoint_batches_that_together_are_the_single_stream(pairs_ou
 
 def test_a_stream_started_at_batch_k_continues_exactly(pairs_out, masker):
     folder = pairs_out[0] / "train"
-    rows = sum(b.rows for b in list_blocks(folder))
+    rows = sum(b.rows for b in list_row_groups(folder))
     per_epoch = rows // 16
     full = _take(PairBatches(folder, 16, masker, 5), per_epoch + 5)  # crosses an epoch boundary
     k = per_epoch - 3
@@ -69,7 +70,7 @@ def test_static_masks_stay_with_their_instance(pairs_out, masker):
 
 
 def test_warmup_then_linear_decay():
-    f = lr_lambda(10, 110)
+    f = linear_schedule(10, 110)
     assert f(0) == pytest.approx(0.1) and f(9) == 1.0 and f(10) == 1.0
     assert f(60) == pytest.approx(0.5) and f(110) == 0.0
 
@@ -82,7 +83,7 @@ def _project(root: Path, stages_dir: Path, pairs_dir: Path, **pretrain) -> Path:
     shutil.copytree(pairs_dir, root / "data" / "pairs")
     # Both curriculum phases: 32-token pieces to step 40, full length after it.
     settings = {"max_steps": 120, "warmup_steps": 10, "batch_size": 16, "val_every_steps": 40,
-                "checkpoint_every_steps": 10, "log_every_steps": 10, "max_minutes": 20.0,
+                "snapshot_every_steps": 10, "log_every_steps": 10, "max_minutes": 20.0,
                 "short_seq_len": 32, "short_seq_steps": 40, "accelerator": "cpu", **pretrain}
     return write_params(root, small_params(model={"preset": "tiny"}, pretrain=settings,
                                            tracking={"uri": "sqlite:///mlflow.db"}))
@@ -100,7 +101,7 @@ def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_pa
     run_cli("bertflow", "stage", "pretrain", "-p", str(straight), cwd=straight.parent)
 
     killed = _project(tmp_path / "b", stages_dir, pairs_out[0])
-    ckpts = killed.parent / "data" / "models" / "pretrain-checkpoints"
+    ckpts = killed.parent / "data" / "models" / "pretrain-snapshots"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen(["bertflow", "stage", "pretrain", "-p", str(killed)], cwd=killed.parent,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -126,7 +127,7 @@ def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_pa
 @pytest.mark.slow
 def test_a_run_the_time_budget_stops_is_evaluated_once_at_its_end(stages_dir, pairs_out, tmp_path):
     params = _project(tmp_path, stages_dir, pairs_out[0], max_steps=100_000, val_every_steps=50_000,
-                      checkpoint_every_steps=50_000, max_minutes=0.05)
+                      snapshot_every_steps=50_000, max_minutes=0.05)
     run_cli("bertflow", "stage", "pretrain", "-p", str(params), cwd=tmp_path)
     stats = json.loads((tmp_path / "metrics" / "pretrain_stats.json").read_text())
     steps = [int(line.split(",")[0]) for line in
@@ -138,7 +139,9 @@ def test_a_run_the_time_budget_stops_is_evaluated_once_at_its_end(stages_dir, pa
 def _check_export(project: Path) -> None:
     from transformers import BertForPreTraining
 
-    from components.model import BertConfig, build_model, load_hf_state_dict
+    from components.model.build import build_model
+    from components.model.config import BertConfig
+    from components.model.hf_layout import load_hf_state_dict
 
     export = project / "data" / "models" / "encoder"
     assert {p.suffix for p in export.iterdir()} <= {".safetensors", ".json", ".txt"}  # no pickle

@@ -96,7 +96,7 @@ def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(refere
     seed = int(os.environ.get("BERTFLOW_KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     repo = make_task_project(tmp_path / "project", TASKS)
-    checkpoints = repo / "data" / "models" / "pretrain-checkpoints"
+    checkpoints = repo / "data" / "models" / "pretrain-snapshots"
     killed, resumable = {}, False
     for stage in seconds:
         # The rerun first recovers whatever the previous kill left, then starts `stage`.

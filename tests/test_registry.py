@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from components import registry, tracking
-from components.config import TrackingConfig
-from components.errors import BertflowError
+from components.core import tracking
+from components.core.config import TrackingConfig
+from components.core.errors import BertflowError
+from components.lifecycle import registry
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def _register(store, folder, content: str, metric: float):
     cfg, root = store
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "weights.bin").write_text(content)
-    with tracking.run(cfg, root, "registry") as run:
+    with tracking.mlflow_run(cfg, root, "registry") as run:
         sha = registry.model_sha256(folder)
         return registry.unchanged(run.client, "task", sha) or registry.register(
             run.client, run, "task", folder, "model", sha, {"bertflow.metric_name": "accuracy"}, metric)
@@ -80,7 +81,7 @@ def test_a_registration_interrupted_before_its_challenge_is_finished_not_repeate
     folder.mkdir()
     (folder / "weights.bin").write_text("b")
     sha = registry.model_sha256(folder)
-    with tracking.run(cfg, root, "registry") as run:
+    with tracking.mlflow_run(cfg, root, "registry") as run:
         run.log_artifact(folder, "model")
         source = f"{run.client.get_run(run.run_id).info.artifact_uri}/model"
         client.create_model_version("task", source, run_id=run.run_id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from components.redact import install_log_redaction, redact
+from components.core.redact import install_log_redaction, redact
 from tests.conftest import run_cli, write_params
 
 SECRET = "hunter2-s3cr3t"
@@ -49,12 +49,12 @@ def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path
 
 
 def test_mlflow_params_and_tags_hold_no_secrets(tmp_path, monkeypatch):
-    from components import tracking
-    from components.config import TrackingConfig
+    from components.core import tracking
+    from components.core.config import TrackingConfig
 
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
     cfg = TrackingConfig(uri="sqlite:///mlflow.db")
-    with tracking.run(cfg, tmp_path, "stage", tags={"note": f"pw {SECRET}"}) as run:
+    with tracking.mlflow_run(cfg, tmp_path, "stage", tags={"note": f"pw {SECRET}"}) as run:
         run.log_params({"executor": {"dask_address": f"tcp://user:{SECRET}@scheduler:8786"}})
         run_id = run.run_id
     data = tracking.client(cfg, tmp_path).get_run(run_id).data

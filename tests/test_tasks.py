@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components import tasks
-from components.config import FinetuneConfig, TaskConfig
-from components.errors import ConfigError, DataError, ValidationError
-from components.tasks import prepare_task, read_meta, read_split
+from components.core.config import FinetuneConfig, TaskConfig
+from components.core.errors import ConfigError, DataError, ValidationError
+from components.data.tasks import builtin, checks
+from components.data.tasks.folder import SCHEMAS, read_meta, read_split
+from components.data.tasks.prepare import prepare_task
 from tests.conftest import PACKAGES
 
 SPLITS = ("train", "valid", "test")
@@ -282,12 +283,12 @@ def test_data_contract_runs_on_written_splits(tmp_path):
     """The GX suite is the last line: a table that slipped past the row checks still fails."""
     bad = pa.table({"text": ["fine", " "], "label": ["a", "z"]})
     with pytest.raises(ValidationError, match="label") as info:
-        tasks._validate_split(bad, "classification", ["a", "b"], tmp_path / "train.parquet")
+        checks.validate_split(bad, "classification", ["a", "b"], tmp_path / "train.parquet")
     assert "text_chars" in str(info.value)
     tags = pa.table({"tokens": [["a", "b"]], "tags": [["I-PER", "O"]]},
-                    schema=tasks.SCHEMAS["token"])
+                    schema=SCHEMAS["token"])
     with pytest.raises(ValidationError, match="bad_starts"):
-        tasks._validate_split(tags, "token", ["PER"], tmp_path / "train.parquet")
+        checks.validate_split(tags, "token", ["PER"], tmp_path / "train.parquet")
 
 
 def test_config_mistakes(tmp_path):
@@ -365,8 +366,8 @@ def test_trec_same_type(builtins):
     for split, counts in stats["label_counts"].items():
         assert abs(counts["same"] - counts["different"]) <= 1, split
     # A `same` pair really shares the fine type (both questions' labels from the source file).
-    fine = {q["text"]: q["fine"] for q in tasks._trec_questions(
-        tasks._Ctx("x", TaskConfig("pair", "trec-same-type"), Path("."), PACKAGES))}
+    fine = {q["text"]: q["fine"] for q in builtin._trec_questions(
+        builtin.Context("x", TaskConfig("pair", "trec-same-type"), Path("."), PACKAGES))}
     for row in read_split(out, "valid").to_pylist():
         assert (fine[row["text_a"]] == fine[row["text_b"]]) == (row["label"] == "same")
 
@@ -377,11 +378,11 @@ def test_news_order(builtins):
     for counts in stats["label_counts"].values():
         assert abs(counts["ordered"] - counts["swapped"]) <= 1
     # The articles behind each split's pairs (the loader names them) never meet.
-    ctx = tasks._Ctx("news-order", TaskConfig("pair", "news-order"), Path("."), PACKAGES)
-    loaded = tasks._news_order(ctx)
+    ctx = builtin.Context("news-order", TaskConfig("pair", "news-order"), Path("."), PACKAGES)
+    loaded = builtin._news_order(ctx)
     articles = {s: {ex["_where"].split(", sentences")[0] for ex in loaded[s]} for s in SPLITS}
     assert disjoint(articles)
     assert {s: len(loaded[s]) for s in SPLITS} == stats["examples"]
     per_article = max(sum(ex["_where"].startswith(a + ",") for ex in loaded["test"])
                       for a in articles["test"])
-    assert per_article <= tasks.PAIRS_PER_ARTICLE
+    assert per_article <= builtin.PAIRS_PER_ARTICLE

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from components.config import TokenizerConfig
-from components.errors import DataError
-from components.tokenizer import SPECIAL_TOKENS, load, train_tokenizer
+from components.core.config import TokenizerConfig
+from components.core.errors import DataError
+from components.data.tokenizer import SPECIAL_TOKENS, load, train_tokenizer
 
 TEXT_A = "The President addressed Congress about the economy."
 TEXT_B = "Unbelievably, the senators applauded twice!"
@@ -90,7 +90,7 @@ ODD = ["Ünïcödé àccents and naïve café", "東京タワー is tall", "x" *
 def test_transformers_agrees_on_held_out_text(stages_dir, tmp_path, kind):
     from transformers import AutoTokenizer
 
-    from components.io import iter_rows
+    from components.core.io import iter_rows
 
     folder = stages_dir / "tokenizer"
     if kind == "bpe":

@@ -37,11 +37,11 @@ def _outside_address() -> str | None:
 def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_path):
     import httpx
 
-    from components import tracking
-    from components.config import TrackingConfig
+    from components.core import tracking
+    from components.core.config import TrackingConfig
 
     params = write_params(tmp_path, {"tracking": {"uri": "sqlite:///mlflow.db"}})
-    with tracking.run(TrackingConfig(uri="sqlite:///mlflow.db"), tmp_path, "ingest"):
+    with tracking.mlflow_run(TrackingConfig(uri="sqlite:///mlflow.db"), tmp_path, "ingest"):
         pass
     port = _free_port()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}

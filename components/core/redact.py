@@ -1,0 +1,71 @@
+"""Keep secrets out of logs, MLflow params and tags: credentials in URLs and the values of
+secret-looking environment variables are masked wherever text leaves the process."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MASK = "***"
+# scheme://user:password@host -> scheme://user:***@host (MLflow, S3, database, Dask URLs)
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s/@]+(?=@)", re.I)
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
+_MIN_SECRET = 6  # shorter values ("1", "true") would mask ordinary words
+
+
+def secret_values() -> list[str]:
+    """Values of the environment variables whose names say they are secrets, longest first."""
+    values = {v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    """`text` with URL passwords and secret environment values masked."""
+    text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text)
+    for value in secret_values():
+        text = text.replace(value, MASK)
+    return text
+
+
+def install_log_redaction() -> None:
+    """Mask secrets in every log record this process creates, whichever handler (console,
+    file, Prefect's API) writes it: the message and any traceback are redacted up front."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "redacts", False):
+        return
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    factory.redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
+
+
+def masks_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorate `fn` so that its exceptions go out with secrets masked in their message, their
+    type unchanged: an orchestrator stores that message (Prefect's state) where logs don't go."""
+    @functools.wraps(fn)
+    def masked(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            e.args = tuple(redact(a) if isinstance(a, str) else a for a in e.args)
+            if isinstance(getattr(e, "message", None), str):  # MLflow's exceptions keep it twice
+                e.message = redact(e.message)
+            raise
+
+    return masked

@@ -1,0 +1,178 @@
+"""MLflow runs: one per pipeline run, one nested per stage, with params, stats and lineage tags.
+
+Uses the explicit `MlflowClient` (no process-global active run), so stages can run in any thread
+or process and nest under a parent run by id. Imports no other stage module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.core.config import TrackingConfig, flatten
+from components.core.redact import redact
+
+PARENT_TAG = "mlflow.parentRunId"
+KEY_TAG = "bertflow.run_key"  # who owns the run: retries of one Prefect task run share it
+ATTEMPTS_TAG = "bertflow.attempts"
+ERROR_TAG = "bertflow.error"
+_MAX_PARAM = 6000  # MLflow's limit on a param value
+
+
+def tracking_uri(cfg: TrackingConfig, root: Path) -> str:
+    """The tracking URI, with a relative sqlite path taken from the project root."""
+    prefix = "sqlite:///"
+    if cfg.uri.startswith(prefix) and not cfg.uri.startswith(prefix + "/"):
+        return prefix + str((root / cfg.uri[len(prefix):]).resolve())
+    return cfg.uri
+
+
+def artifact_location(cfg: TrackingConfig, root: Path) -> str:
+    """Where new experiments keep artifacts: a URI, or a folder of the project as a file URI."""
+    if "://" in cfg.artifacts:
+        return cfg.artifacts
+    return (root / cfg.artifacts).resolve().as_uri()
+
+
+def client(cfg: TrackingConfig, root: Path):
+    """An MlflowClient on the project's store."""
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(cfg, root)
+    # The registry too: else it follows whatever mlflow.set_registry_uri() set in this process.
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_id(cfg: TrackingConfig, root: Path) -> str:
+    """Id of the configured experiment, created (with the artifact folder) on first use."""
+    c = client(cfg, root)
+    exp = c.get_experiment_by_name(cfg.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(cfg.experiment,
+                                   artifact_location=artifact_location(cfg, root))
+    except Exception:  # another process created it first
+        exp = c.get_experiment_by_name(cfg.experiment)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+@dataclass
+class MlflowRun:
+    """An open MLflow run; log through it, it is closed by `mlflow_run()`."""
+
+    client: Any
+    run_id: str
+    uri: str
+    """Tracking URI (for loggers that open their own client, such as Lightning's)."""
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Log (nested) params flattened to dotted keys."""
+        from mlflow.entities import Param
+
+        items = [Param(k, redact(str(v))[:_MAX_PARAM]) for k, v in sorted(flatten(params).items())]
+        for start in range(0, len(items), 100):  # MLflow's batch limit for params
+            self.client.log_batch(self.run_id, params=items[start:start + 100])
+
+    def log_metrics(self, stats: dict[str, Any], step: int = 0) -> None:
+        """Log every finite number in (nested) `stats` as a metric; other values are skipped."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(_metric_key(k), float(v), now, step)
+            for k, v in sorted(flatten(stats).items())
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Set tags (values as strings)."""
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(_metric_key(k), redact(str(v)))
+                                                 for k, v in tags.items()])
+
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        """Upload a file or a whole folder."""
+        if Path(path).is_dir():
+            self.client.log_artifacts(self.run_id, str(path), folder)
+        else:
+            self.client.log_artifact(self.run_id, str(path), folder)
+
+    def register(self, artifact_path: str, name: str, alias: str, tags: dict[str, str]) -> str:
+        """Register the run's artifact folder as a new version of model `name`; point `alias`
+        at it; return the version number."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException:  # it exists already
+            pass
+        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{artifact_path}"
+        version = self.client.create_model_version(name, source, run_id=self.run_id, tags=tags)
+        self.client.set_registered_model_alias(name, alias, version.version)
+        return version.version
+
+
+def _metric_key(key: str) -> str:
+    # MLflow keys allow alphanumerics, _ - . space / : only; `finetune@task` becomes `finetune/task`.
+    return "".join(ch if ch.isalnum() or ch in "_-. /" else "/" if ch == "@" else "_" for ch in key)
+
+
+@contextlib.contextmanager
+def mlflow_run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str | None = None,
+               tags: dict[str, Any] | None = None, key: str | None = None) -> Iterator[MlflowRun]:
+    """Open a run (nested under `parent_run_id` if given); FINISHED on success, FAILED on error.
+
+    `key` names the attempt's owner (a Prefect task run): a retry with the same key reopens
+    the run its first attempt made instead of adding one; the tag `bertflow.attempts` counts.
+    """
+    c = client(cfg, root)
+    all_tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    exp = experiment_id(cfg, root)
+    earlier = c.search_runs([exp], f"tags.`{KEY_TAG}` = '{key}'", max_results=1) if key else []
+    if earlier:
+        run_id, previous = earlier[0].info.run_id, earlier[0].data.tags
+        c.update_run(run_id, status="RUNNING")
+        if ERROR_TAG in previous:  # kept, under another name, as why it was retried
+            all_tags["bertflow.retried_after"] = previous[ERROR_TAG]
+            c.delete_tag(run_id, ERROR_TAG)
+        handle = MlflowRun(c, run_id, tracking_uri(cfg, root))
+        handle.set_tags({**all_tags, ATTEMPTS_TAG: int(previous.get(ATTEMPTS_TAG, "1")) + 1})
+    else:
+        first = {**all_tags, **({KEY_TAG: key} if key else {}), ATTEMPTS_TAG: "1"}
+        run_id = c.create_run(exp, run_name=name, tags=first).info.run_id
+        handle = MlflowRun(c, run_id, tracking_uri(cfg, root))
+    try:
+        yield handle
+    except BaseException as e:
+        handle.set_tags({ERROR_TAG: f"{type(e).__name__}: {e}"[:5000]})
+        c.set_terminated(handle.run_id, "FAILED")
+        raise
+    c.set_terminated(handle.run_id, "FINISHED")
+
+
+def git_state(root: Path) -> dict[str, str]:
+    """Lineage tags for the code: commit, and whether tracked files differ from it."""
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"git.commit": "none"}
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"git.commit": commit, "git.dirty": str(dirty).lower()}

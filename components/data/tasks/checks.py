@@ -1,0 +1,170 @@
+"""Checks of a task's settings and examples: config sense before any data is read, row-level
+checks that name the file and line, label sets and splits, and the written split's Great
+Expectations suite (the data contract)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from components.core.config import TaskConfig
+from components.core.errors import ConfigError, DataError
+from components.data import validation
+from components.data.tasks.folder import SPLIT_NAMES
+from components.data.tasks.source import KINDS, ROLES, Context, Example
+
+_BIO = re.compile(r"^(O|[BI]-\S+)$")
+
+
+def check_config(name: str, task: TaskConfig) -> None:
+    """Settings that make no sense for this task, found before any data is read."""
+    where = f"finetune.tasks.{name}"
+    if task.kind not in KINDS:
+        raise ConfigError(f"{where}.kind: must be one of {', '.join(KINDS)}, got {task.kind!r}")
+    if len(task.split) != 3 or any(f < 0 for f in task.split) or abs(sum(task.split) - 1) > 1e-6 \
+            or task.split[0] <= 0:
+        raise ConfigError(f"{where}.split: three fractions (train, valid, test) >= 0 summing to 1 "
+                          f"with train > 0, got {task.split}")
+    unknown = sorted(set(task.columns) - set(ROLES[task.kind]))
+    if unknown:
+        raise ConfigError(f"{where}.columns: unknown role(s) {unknown} for a {task.kind} task "
+                          f"(roles: {', '.join(ROLES[task.kind])})")
+    if task.kind in ("token", "span"):
+        tags = [lab for lab in task.labels if lab == "O" or lab[:2] in ("B-", "I-")]
+        if tags:
+            raise ConfigError(f"{where}.labels: a {task.kind} task lists entity types (PER), "
+                              f"not BIO tags; got {tags}")
+    if len(set(task.labels)) != len(task.labels):
+        raise ConfigError(f"{where}.labels: duplicate labels in {task.labels}")
+    if task.max_train_examples < 0:
+        raise ConfigError(f"{where}.max_train_examples: must be >= 0, got {task.max_train_examples}")
+
+
+def check_example(ex: Example, kind: str, split: str, ctx: Context) -> None:
+    """Row-level checks (naming file and line); BIO tags are repaired to BIO2 in place."""
+    given = set(ctx.task.labels)
+    if kind in ("classification", "pair"):
+        for role in ROLES[kind][:-1]:
+            if not ex[role].strip():
+                raise DataError(f"{ex['_where']}: empty {role}")
+        if not ex["label"].strip():
+            raise DataError(f"{ex['_where']}: empty label")
+        if given and ex["label"] not in given:
+            raise DataError(f"{ex['_where']}: label {ex['label']!r} is not one of the task's "
+                            f"labels {sorted(given)}")
+        return
+    tokens, tags = ex["tokens"], ex["tags"]
+    if not tokens:
+        raise DataError(f"{ex['_where']}: empty sentence (no tokens)")
+    if len(tokens) != len(tags):
+        raise DataError(f"{ex['_where']}: {len(tokens)} tokens but {len(tags)} tags "
+                        f"(tokens and tags of different lengths)")
+    for i, (token, tag) in enumerate(zip(tokens, tags, strict=True)):
+        if not token.strip():
+            raise DataError(f"{_at(ex, i)}: empty token")
+        if not _BIO.match(tag):
+            raise DataError(f"{_at(ex, i)}: malformed BIO tag {tag!r} on token {token!r} "
+                            f"(expected O, B-TYPE or I-TYPE)")
+        if given and tag != "O" and tag[2:] not in given:
+            raise DataError(f"{_at(ex, i)}: entity type {tag[2:]!r} (tag {tag!r}) is not one of "
+                            f"the task's labels {sorted(given)}")
+    # IOB1 starts an entity with I-; BIO2 (what the span decoder expects) always with B-.
+    for i, tag in enumerate(tags):
+        if tag[:2] == "I-" and (i == 0 or tags[i - 1][2:] != tag[2:]):
+            tags[i] = "B-" + tag[2:]
+            ctx.changed["tags_iob1_to_bio2"] += 1
+
+
+def _at(ex: Example, i: int) -> str:
+    """Where token `i` of an example is: its line in a CoNLL file, else the row and position."""
+    if "_line" in ex:
+        return f"{ex['_file']}:{ex['_line'] + i}"
+    return f"{ex['_where']}, token {i + 1}"
+
+
+def example_labels(ex: Example, kind: str) -> list[str]:
+    """The labels an example carries: its class, or the entity types of its B- tags."""
+    if kind in ("classification", "pair"):
+        return [ex["label"]]
+    return [t[2:] for t in ex["tags"] if t[:2] == "B-"]
+
+
+def task_labels(splits: dict[str, list[Example]], ctx: Context) -> list[str]:
+    """The task's label list: as configured, else sorted from the (full) train split."""
+    kind = ctx.task.kind
+    if ctx.task.labels:
+        return list(ctx.task.labels)
+    labels = sorted({lab for ex in splits["train"] for lab in example_labels(ex, kind)})
+    known = set(labels)
+    what = "label" if kind in ("classification", "pair") else "entity type"
+    for split in ("valid", "test"):
+        for ex in splits[split]:
+            for lab in example_labels(ex, kind):
+                if lab not in known:
+                    raise DataError(f"{ex['_where']}: {what} {lab!r} in {split} never occurs in "
+                                    f"train (train has "
+                                    f"{labels}); add it to train or list the task's labels")
+    return labels
+
+
+def check_splits(splits: dict[str, list[Example]], labels: list[str], ctx: Context) -> None:
+    """Every split has examples; train has at least two classes (token tasks: one type)."""
+    for split in SPLIT_NAMES:
+        if splits[split]:
+            continue
+        if split in ctx.files:
+            raise DataError(f"{ctx.files[split]}: the {split} split is empty (no examples in "
+                            f"the file) for task '{ctx.name}'")
+        total = sum(len(v) for v in splits.values())
+        raise DataError(f"task '{ctx.name}' ({ctx.source}): the {split} split is empty: "
+                        f"{total} examples, split {ctx.split}; give more examples or change "
+                        f"the split fractions")
+    found = Counter(lab for ex in splits["train"] for lab in example_labels(ex, ctx.task.kind))
+    if ctx.task.kind in ("classification", "pair") and len(found) < 2:
+        raise DataError(f"task '{ctx.name}' ({ctx.source}): train has only one class "
+                        f"{sorted(found)}; a classifier needs at least two")
+    if ctx.task.kind in ("token", "span") and not found:
+        raise DataError(f"task '{ctx.name}' ({ctx.source}): train has no entity (every tag is O)")
+
+
+def validate_split(table: pa.Table, kind: str, labels: list[str], where: Path) -> None:
+    """The written split's data contract, as a Great Expectations suite."""
+    import pandas as pd
+
+    rows = ("ExpectTableRowCountToBeBetween", {"min_value": 1})
+    if kind in ("classification", "pair"):
+        texts = ROLES[kind][:-1]
+        frame = pd.DataFrame({f"{c}_chars": _stripped_lengths(table[c]) for c in texts})
+        frame["label"] = table["label"].to_pandas()
+        validate_kw = [rows, ("ExpectColumnValuesToBeInSet", {"column": "label", "value_set": labels})]
+        for c in texts:
+            validate_kw.append(("ExpectColumnValuesToBeBetween", {"column": f"{c}_chars", "min_value": 1}))
+        validation.validate(frame, f"task_{kind}", validate_kw, where)
+        return
+    allowed = {"O"} | {f"{p}-{lab}" for lab in labels for p in "BI"}
+    tags = table["tags"].to_pylist()
+    frame = pd.DataFrame({
+        "tokens": [len(t) for t in table["tokens"].to_pylist()],
+        "tags": [len(t) for t in tags],
+        # tags outside the label set, and I- tags that continue nothing (BIO2 broken)
+        "bad_tags": [sum(t not in allowed for t in ts) for ts in tags],
+        "bad_starts": [sum(t[:2] == "I-" and (i == 0 or ts[i - 1][2:] != t[2:])
+                           for i, t in enumerate(ts)) for ts in tags],
+    })
+    frame["same_length"] = frame["tokens"] == frame["tags"]
+    validation.validate(frame, f"task_{kind}", [
+        rows,
+        ("ExpectColumnValuesToBeBetween", {"column": "tokens", "min_value": 1}),
+        ("ExpectColumnValuesToBeInSet", {"column": "same_length", "value_set": [True]}),
+        ("ExpectColumnValuesToBeInSet", {"column": "bad_tags", "value_set": [0]}),
+        ("ExpectColumnValuesToBeInSet", {"column": "bad_starts", "value_set": [0]}),
+    ], where)
+
+
+def _stripped_lengths(column: pa.ChunkedArray) -> np.ndarray:
+    """Characters per text after stripping whitespace (blank text counts as empty)."""
+    return np.array([len(t.strip()) for t in column.to_pylist()], dtype=np.int64)

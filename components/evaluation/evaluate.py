@@ -1,0 +1,70 @@
+"""Stage `evaluate@task`: score every fit of a task on its test split, the TF-IDF reference,
+and plots (validation curves of all fits; confusion and per-class F1 of the exported fit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from components.data.tasks.folder import read_meta, read_split
+from components.evaluation.baseline import tfidf_baseline
+from components.evaluation.metrics import classification_metrics, primary_metric, score_predictions
+from components.evaluation.plots import write_confusion, write_curves, write_per_class
+from components.evaluation.tables import summarize
+from components.model.metadata import INFO_FILE, read_task_model_info
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from components.core.config import EvaluateConfig, TaskConfig
+
+
+def _texts(table: pa.Table, kind: str) -> list[str]:
+    if kind == "pair":
+        return [f"{a} [SEP] {b}" for a, b in zip(table["text_a"].to_pylist(), table["text_b"].to_pylist(),
+                                                   strict=True)]
+    return table["text"].to_pylist()
+
+
+def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Path, model_dir: Path,
+                  out_dir: Path) -> dict:
+    """Score every fit of a task on its test split; the per-init summary over seeds, the TF-IDF
+    reference, and plots (curves of all fits; confusion and per-class F1 of the exported fit)
+    into out_dir."""
+    import pyarrow.parquet as pq
+
+    meta = read_meta(task_dir)
+    test = read_split(task_dir, "test")
+    fits_dir = Path(model_dir) / "fits"
+    names = sorted(p.stem for p in fits_dir.glob("*.parquet"))
+    if not names:
+        raise FileNotFoundError(f"{fits_dir}: no fine-tuning fits; run finetune@{name} first")
+    metric = primary_metric(task.kind)
+    fits, histories = {}, {}
+    for fit in names:
+        predictions = pq.read_table(fits_dir / f"{fit}.parquet")
+        fits[fit] = score_predictions(task.kind, meta["labels"], test, predictions)
+        histories[fit] = json.loads((fits_dir / f"{fit}.json").read_text())["history"]
+    by_init: dict[str, list[float]] = {}
+    for fit, m in fits.items():
+        by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(m[metric])
+    stats = {"kind": task.kind, "metric": metric, "test_examples": test.num_rows,
+             "primary": {init: summarize(values) for init, values in sorted(by_init.items())},
+             "fits": {fit: {k: v for k, v in m.items() if isinstance(v, float)} for fit, m in fits.items()},
+             "tfidf": None}
+    if cfg.tfidf_baseline and task.kind in ("classification", "pair"):
+        train = read_split(task_dir, "train")
+        predicted = tfidf_baseline(_texts(train, task.kind), train["label"].to_pylist(),
+                                   _texts(test, task.kind), seed=0)
+        tfidf = classification_metrics(test["label"].to_pylist(), predicted, meta["labels"])
+        stats["tfidf"] = {k: tfidf[k] for k in ("accuracy", "macro_f1", "mcc")}
+    exported = Path(model_dir) / "model"  # plots describe the exported fit
+    first = read_task_model_info(exported).fit if (exported / INFO_FILE).exists() else names[0]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_curves(histories, out_dir / "curves.png", out_dir / "curves.csv")
+    write_per_class(fits[first]["per_class"], out_dir / "per_class.png", out_dir / "per_class.csv")
+    if "confusion" in fits[first]:
+        write_confusion(fits[first], out_dir / "confusion.png", out_dir / "confusion.csv")
+    return stats

@@ -1,0 +1,141 @@
+"""The transfer table: scores per task and init over seeds, the gain of pretraining, verdicts,
+the minutes each start cost, and several pipeline runs' tables side by side (Markdown for people)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+NO_VALUE = "—"  # table cell when there is nothing to compare against
+
+
+def summarize(values: Sequence[float]) -> dict:
+    """Mean and sample std (ddof=1; 0 for a single value) of a metric over seeds."""
+    if not len(values):
+        raise ValueError("nothing to summarize")
+    array = np.asarray(values, dtype=float)
+    return {
+        "mean": float(array.mean()),
+        "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+        "n": len(array),
+        "values": [float(v) for v in array],
+    }
+
+
+def _outcome(better: dict, worse: dict) -> str:
+    """'helps' if the mean gain exceeds the larger seed std, 'hurts' if the loss does, else
+    'within seed spread'."""
+    gain = better["mean"] - worse["mean"]
+    spread = max(better["std"], worse["std"])
+    return "helps" if gain > spread else "hurts" if -gain > spread else "within seed spread"
+
+
+def verdict(pretrained: dict, scratch: dict | None) -> str:
+    """Whether the pretrained-minus-scratch gain exceeds the seed spread of either side."""
+    if scratch is None:
+        return NO_VALUE
+    outcome = _outcome(pretrained, scratch)
+    text = outcome if outcome == "within seed spread" else f"pretraining {outcome}"
+    if min(pretrained["n"], scratch["n"]) < 2:  # std 0 by convention, not measured
+        text += " (single seed: spread unknown)"
+    return text
+
+
+def verdicts(row: dict) -> str:
+    """The verdict on pretraining; with a checkpoint arm, also on what continued pretraining
+    added to the checkpoint as is."""
+    text = verdict(row["pretrained"], row.get("scratch"))
+    if row.get("checkpoint"):
+        text += f"; continued pretraining {_outcome(row['pretrained'], row['checkpoint'])}"
+    return text
+
+
+def _pct(summary: dict) -> str:
+    return f"{100 * summary['mean']:.1f} ± {100 * summary['std']:.1f}"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")  # a pipe in a task name would split the row
+
+
+ARMS = {"pretrained": "pretrained", "checkpoint": "checkpoint as is", "scratch": "from scratch"}
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown pipe table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def transfer_table(rows: list[dict]) -> str:
+    """The transfer table in Markdown (see `transfer_cells`)."""
+    return markdown(*transfer_cells(rows))
+
+
+def _arms(rows: list[dict]) -> list[str]:
+    """The inits any of the rows measured, in `ARMS` order."""
+    return [a for a in ARMS if any(row.get(a) for row in rows)]
+
+
+def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells per task: each init's score (`ARMS` order; pretrained always), the gain
+    of pretraining over scratch, what continued pretraining added to the checkpoint, TF-IDF,
+    and a verdict."""
+    arms = _arms(rows)
+    gains = [(title, other) for title, other in (("gain", "scratch"), ("vs checkpoint", "checkpoint"))
+             if other in arms]
+    header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
+              "TF-IDF + LR", "verdict"]
+    cells = []
+    for row in rows:
+        pretrained, tfidf = row["pretrained"], row.get("tfidf")
+        cells.append([row["task"], row["kind"], row["metric"],
+                      *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
+                      *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other)
+                        else NO_VALUE for _, other in gains),
+                      NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
+                      verdicts(row)])
+    return header, cells
+
+
+def arm_minutes(finetune_stats: Path) -> dict[str, dict]:
+    """Wall minutes of one fit, per init over its seeds, from a task's finetune_stats.json
+    (fits named INIT-sSEED); empty if the file is not there."""
+    if not Path(finetune_stats).exists():
+        return {}
+    by_init: dict[str, list[float]] = {}
+    for fit, stats in json.loads(Path(finetune_stats).read_text())["fits"].items():
+        by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(stats["minutes"])
+    return {init: summarize(minutes) for init, minutes in sorted(by_init.items())}
+
+
+def cost_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells per task: the minutes one fit of each init took, mean ± std
+    over seeds; pretraining, paid once for all tasks, is in the pretrain stage's stats."""
+    arms = _arms(rows)
+    cells = [[row["task"], *(f"{m['mean']:.1f} ± {m['std']:.1f}" if (m := row["minutes"].get(a))
+                             else NO_VALUE for a in arms)]
+             for row in rows if row.get("minutes")]
+    return ["task", *(ARMS[a] for a in arms)], cells
+
+
+def compare_transfer(runs: dict[str, dict]) -> str:
+    """Markdown table of several pipeline runs' transfer.json side by side: a column per run and init
+    (`LABEL init`), tasks in the first run's order; the arms of runs with other encoders, e.g.
+    the default encoder and a continued checkpoint, read as one table."""
+    columns = [(label, arm) for label, table in runs.items() for arm in ARMS
+               if any(t.get(arm) for t in table.values())]
+    header = ["task", "metric", *(f"{label} {ARMS[arm]}" for label, arm in columns)]
+    cells = []
+    for task in dict.fromkeys(task for table in runs.values() for task in table):
+        first = next(table[task] for table in runs.values() if task in table)
+        cells.append([task, first["metric"], *(_pct(runs[label][task][arm])
+                                               if runs[label].get(task, {}).get(arm) else NO_VALUE
+                                               for label, arm in columns)])
+    return markdown(header, cells)
+
+

@@ -1,0 +1,51 @@
+"""Stage `transfer`: what pretraining bought, per task: the transfer table over every task's
+evaluate stats, as Markdown for people and JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from components.core.io import atomic_file
+from components.evaluation.tables import arm_minutes, cost_cells, markdown, transfer_table, verdicts
+
+
+def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
+                    init_from: str = "") -> dict:
+    """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools."""
+    rows = []
+    for name in tasks:
+        path = Path(tasks_dir) / name / "evaluate_stats.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: task {name} is not evaluated; run evaluate@{name} first")
+        s = json.loads(path.read_text())
+        tfidf = s["tfidf"]["accuracy"] if s.get("tfidf") else None
+        rows.append({"task": name, "kind": s["kind"], "metric": s["metric"], "tfidf": tfidf,
+                     "scratch": None, **s["primary"],
+                     "minutes": arm_minutes(Path(tasks_dir) / name / "finetune_stats.json")})
+    seeds = max((r["pretrained"]["n"] for r in rows), default=0)
+    encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
+               else "pretrained here from random weights")
+    legend = f"*pretrained*: the pretrain stage's encoder ({encoder}); "
+    if any(r.get("checkpoint") for r in rows):
+        legend += (f"*checkpoint as is*: {init_from} fine-tuned without continued pretraining; "
+                   "*vs checkpoint*: pretrained minus checkpoint as is, in points, and "
+                   "*continued pretraining helps* when it exceeds the larger seed std; ")
+    text = ("# What pretraining bought\n\nTest-split scores, mean ± sample std over "
+            f"{seeds} seeds, in percent. {legend}*gain*: pretrained minus from scratch, in "
+            "points; *pretraining helps* when the gain exceeds the larger seed std.\n\n"
+            + transfer_table(rows))
+    cost = cost_cells(rows)
+    if cost[1]:
+        text += ("\n## What each start cost\n\nWall minutes of one fit (one init, one seed; mean ± "
+                 "std over seeds) on the machine that ran it; pretraining, paid once for every task, "
+                 "is in pretrain_stats.json.\n\n" + markdown(*cost))
+    with atomic_file(md_path) as tmp:
+        tmp.write_text(text)
+    summary = {r["task"]: {**{k: v for k, v in r.items() if k != "task"},
+                           "verdict": verdicts(r)} for r in rows}
+    with atomic_file(json_path) as tmp:
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return {name: {"gain": r["pretrained"]["mean"] - r["scratch"]["mean"]} if r["scratch"] else {}
+            for name, r in zip(tasks, rows, strict=True)}

