@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test install lint bench docker-lint
+.PHONY: run test test-fast install lint bench docker-lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,11 @@ install: $(VENV)/.installed
 run: install  ## the whole pipeline on the embedded defaults (params.yaml)
 	bertflow run
 
-test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning
+test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning (what CI runs)
 	pytest
+
+test-fast: install  ## the fast loop while editing: every test not marked slow (~3 min)
+	pytest -m "not slow"
 
 lint: install
 	ruff check .

@@ -94,21 +94,30 @@ def code_deps(stage_name: str) -> list[str]:
 
 
 def with_code_deps(text: str, deps: dict[str, list[str]]) -> str:
-    """dvc.yaml's text with each stage's code deps (the `- components/...py` items at the end
-    of its `deps:` list) replaced by `deps[stage]`."""
+    """dvc.yaml's text with each stage's code deps (its `- components/...py` items) replaced by
+    `deps[stage]`, written at the end of the stage's `deps:` list; all else stays as it is."""
     out: list[str] = []
-    stage, indent = None, ""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if m := re.match(r"^  (\w+):\s*$", line):
+    stage, item = None, None  # the stage being read; the indent of its deps' items, while in them
+
+    def close() -> None:
+        nonlocal item
+        if item is not None:
+            out.extend(f"{item}- {d}" for d in deps[stage])
+            item = None
+
+    for line in text.splitlines():
+        if item is not None and not line.startswith(f"{item}- "):
+            close()
+        if m := re.match(r"^  ([\w-]+):\s*$", line):
             stage = m.group(1)
-        if _CODE_DEP.match(line):
-            indent = line[: line.index("-")]
-            following = lines[i + 1] if i + 1 < len(lines) else ""
-            if not _CODE_DEP.match(following):  # the list's last code dep: write the new ones
-                out += [f"{indent}- {d}" for d in deps[stage]]
+        elif m := re.match(r"^(\s+)deps:\s*$", line):
+            out.append(line)
+            item = m.group(1) + "  "
+            continue
+        if item is not None and _CODE_DEP.match(line):
             continue
         out.append(line)
+    close()
     return "\n".join(out) + "\n"
 
 

@@ -290,4 +290,3 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     assert minutes["scratch"]["values"] == [fits[f"scratch-s{s}"]["minutes"] for s in (1, 2)]
     cost = table.split("## What each start cost")[1]
     assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)
-

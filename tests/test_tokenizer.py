@@ -40,7 +40,8 @@ def test_transformers_loads_it_with_identical_ids(stages_dir):
         assert out["token_type_ids"] == ours.type_ids
         assert hf.mask_token_id == 4 and hf.pad_token_id == 0
         assert len(hf) == load(folder).get_vocab_size()
-    # Not checked: BertTokenizer(vocab_file=...), which transformers 5 silently ignores (STACK.md).
+    # Not checked: BertTokenizer(vocab_file=...), which transformers 5 silently ignores
+    # (docs/development.md, "Stack notes").
 
 
 def test_stats_on_heldout(stages_dir):

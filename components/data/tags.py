@@ -51,5 +51,3 @@ def spans_to_bio(spans: Sequence[Span], n: int) -> list[str]:
         tags[start] = f"B-{kind}"
         tags[start + 1:end] = [f"I-{kind}"] * (end - start - 1)
     return tags
-
-

@@ -1,4 +1,4 @@
-"""Great Expectations suites for each stage's data contract (DESIGN.md, "Data contracts").
+"""Great Expectations suites for each stage's data contract (docs/architecture.md, "Data contracts").
 
 Each check runs on one shard and, for the big list columns, on per-row statistics computed with
 numpy (a bounded frame, never the corpus). A failure raises ValidationError naming the shard

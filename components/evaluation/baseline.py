@@ -25,5 +25,3 @@ def tfidf_baseline(train_texts: Sequence[str], train_labels: Sequence[str], test
     if not len(test_texts):
         return []
     return [str(y) for y in model.predict(vectorizer.transform(list(test_texts)))]
-
-

@@ -137,5 +137,3 @@ def compare_transfer(runs: dict[str, dict]) -> str:
                                                if runs[label].get(task, {}).get(arm) else NO_VALUE
                                                for label, arm in columns)])
     return markdown(header, cells)
-
-

@@ -86,7 +86,6 @@ def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_s
     return out
 
 
-
 def predictions_table(kind: str, predictions: list) -> pa.Table:
     """Predictions of one fit, one row per example in split order (what evaluate@task reads)."""
     if kind in ("classification", "pair"):

@@ -96,7 +96,6 @@ class BertForPretraining(nn.Module):
         return out
 
 
-
 def count_flops_per_token(cfg: BertConfig, seq_len: int, predicted_fraction: float) -> float:
     """Training FLOPs per token (forward + backward = 3x forward) of matmuls and attention."""
     H, L, F_, V = cfg.hidden, cfg.layers, cfg.intermediate, cfg.vocab_size

@@ -49,7 +49,6 @@ def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> Ber
                       position_init=cfg.position_init)
 
 
-
 def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
                  checkpoint: CheckpointInfo) -> BertConfig:
     """The shape to train: model.preset's, or the imported checkpoint's, whose vocabulary must

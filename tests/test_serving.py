@@ -1,0 +1,82 @@
+"""Serving needs no training code: the pyfunc model and `bertflow predict` load and answer with
+Lightning unimportable, and import nothing of components.training."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, small_params, write_params
+
+WORDS = ["great", "film", "awful", "boring", "the", "a", "was", "movie", "loved", "hated"]
+
+
+@pytest.fixture(scope="module")
+def pyfunc_model(tmp_path_factory) -> Path:
+    """A classification model folder (random weights: serving, not quality, is under test) saved
+    as the registry saves it: a pyfunc model logged as code."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    from components.core.config import TaskConfig
+    from components.data.tokenizer import SPECIAL_TOKENS, UNK, add_template
+    from components.lifecycle.registry import save_pyfunc
+    from components.model.build import task_model
+    from components.model.config import BertConfig
+    from components.model.folders import write_task_model
+    from components.model.metadata import TaskModelInfo
+
+    root = tmp_path_factory.mktemp("serving")
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + WORDS)}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=UNK))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    add_template(tok)
+    (root / "tok").mkdir()
+    tok.save(str(root / "tok" / "tokenizer.json"))
+    cfg = BertConfig(vocab_size=len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
+    labels = ["negative", "positive"]
+    info = TaskModelInfo(config=cfg, task=TaskConfig("classification", "reviews.csv"), fit="pretrained-s1",
+                         labels=labels, space=labels, max_seq_len=32, label_subwords="all", crf=False)
+    write_task_model(task_model(cfg, "classification", labels), info, root / "tok", root / "model")
+    save_pyfunc(root / "model", "classification", [{"text": "a great film"}], root / "pyfunc")
+    return root / "pyfunc"
+
+
+@pytest.fixture(scope="module")
+def no_lightning(tmp_path_factory) -> Path:
+    """A folder that, first on PYTHONPATH, makes `import lightning` fail as if not installed."""
+    folder = tmp_path_factory.mktemp("blocked")
+    for name in ("lightning", "pytorch_lightning"):
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    return folder
+
+
+def test_the_pyfunc_model_answers_without_lightning(pyfunc_model, no_lightning):
+    code = (f"import sys, mlflow, pandas as pd\n"
+            f"m = mlflow.pyfunc.load_model({str(pyfunc_model)!r})\n"
+            f"out = m.predict(pd.DataFrame({{'text': ['loved the movie', 'boring film']}}))\n"
+            f"print([sorted(a) for a in out])\n"
+            f"print(sorted(n for n in sys.modules if n.startswith(('lightning', 'components.training'))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(no_lightning),
+                               "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers, imported = proc.stdout.strip().splitlines()[-2:]
+    assert answers == "[['label', 'score'], ['label', 'score']]"
+    assert imported == "[]"
+
+
+def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, tmp_path):
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    proc = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--text",
+                   "what a great film", "-p", str(params), cwd=tmp_path,
+                   env={"PYTHONPATH": str(no_lightning)})
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["text"] == "what a great film" and answer["label"] in ("negative", "positive")
+    assert 0.5 <= answer["score"] <= 1.0
