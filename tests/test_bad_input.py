@@ -58,6 +58,7 @@ def no_output_left(folder: Path) -> bool:
 
 # ----------------------------------------------------------------------- corpus: dropped, counted
 
+@pytest.mark.slow
 def test_a_50_mb_single_line_is_dropped_as_too_long_and_the_rest_goes_on(tmp_path):
     line = ("lorem ipsum dolor sit amet " * 1_900_000)[:50_000_000]  # no line break, no full stop
     stats = ingest_and_clean(tmp_path, {"dump.txt": line, **{f"{t}.txt": prose(t) for t in TOPICS}})

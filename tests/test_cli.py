@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT, run_cli, small_params, write_params
@@ -53,6 +54,7 @@ def test_bad_jsonl_row_is_one_clear_line_and_nothing_is_written(tmp_path):
     assert not (tmp_path / "metrics").exists()
 
 
+@pytest.mark.slow
 def test_corpus_with_binary_non_utf8_and_empty_files_is_ingested_with_counted_drops(tmp_path):
     corpus = tmp_path / "data" / "user" / "corpus"
     corpus.mkdir(parents=True)
@@ -99,6 +101,7 @@ def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
     assert plan(p, "evaluate@trec-6")[6:] == ["task_data@trec-6", "finetune@trec-6", "evaluate@trec-6"]
 
 
+@pytest.mark.slow
 def test_progress_bars_at_a_terminal_none_in_ci_or_in_a_log(tmp_path):
     import fcntl
     import pty

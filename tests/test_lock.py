@@ -17,6 +17,7 @@ from pipeline.lock import lock_path, project_lock
 from tests.conftest import BIN, ROOT, run_cli
 
 
+@pytest.mark.slow
 def test_a_second_run_is_refused_while_the_first_holds_the_lock(dvc_project):
     with project_lock(dvc_project):
         with pytest.raises(BertflowError, match=f"another bertflow run \\(pid {os.getpid()}\\)"):

@@ -186,6 +186,7 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
     assert "x.jsonl:2" in ingest_run.data.tags["bertflow.error"]
 
 
+@pytest.mark.slow
 def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, prefect_harness,
                                                                      monkeypatch):
     from mlflow.tracking import MlflowClient

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from components.core.redact import install_log_redaction, redact
 from tests.conftest import run_cli, write_params
 
@@ -34,6 +36,7 @@ def test_log_records_are_redacted_whatever_handler_writes_them(monkeypatch, capl
     assert "lost the store at key=***" in text and "postgresql://app:***@db:5432" in text
 
 
+@pytest.mark.slow
 def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path):
     # MLflow names the server in its error: the password must not come with it.
     params = write_params(tmp_path, {"tracking": {"uri": f"http://alice:{SECRET}@127.0.0.1:9"}})
@@ -62,6 +65,7 @@ def test_mlflow_params_and_tags_hold_no_secrets(tmp_path, monkeypatch):
     assert data.tags["note"] == "pw ***"
 
 
+@pytest.mark.slow
 def test_a_failed_flow_run_keeps_no_secret_in_its_prefect_state(tmp_path, prefect_harness, monkeypatch):
     from pipeline.flow import pipeline_flow
 

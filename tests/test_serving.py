@@ -72,6 +72,7 @@ def test_the_pyfunc_model_answers_without_lightning(pyfunc_model, no_lightning):
     assert imported == "[]"
 
 
+@pytest.mark.slow
 def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, tmp_path):
     params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
     proc = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--text",

@@ -10,7 +10,7 @@ What else a folder holds (weights, tokenizer, transformers' config) is model/fol
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +83,36 @@ def _read(folder: Path, what: str) -> dict:
     if not path.exists():
         raise DataError(f"{path}: missing; {what}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e}); the model folder is damaged") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: not a record of this pipeline (a JSON object is expected)")
+    return data
+
+
+def _record(cls: type, folder: Path, data: dict, **typed: Any):
+    """`cls` from a record's fields (keys it doesn't know, from older versions, are ignored), the
+    nested ones given typed; a missing field is an error that names the file."""
+    known = {f.name for f in fields(cls)}
+    try:
+        return cls(**{**{k: v for k, v in data.items() if k in known}, **typed})
+    except (TypeError, KeyError) as e:
+        raise DataError(f"{Path(folder) / INFO_FILE}: not a complete {cls.__name__} ({e})") from None
+
+
+def _config(folder: Path, data: dict) -> BertConfig:
+    try:
+        return BertConfig(**data["config"])
+    except (TypeError, KeyError) as e:
+        raise DataError(f"{Path(folder) / INFO_FILE}: no valid encoder config ({e})") from None
 
 
 def read_checkpoint_info(folder: Path, expect: str | None = None) -> CheckpointInfo:
     """The checkpoint stage's record; with `expect`, it must hold that checkpoint (a stale
     output is an error, not a silent swap)."""
     data = _read(folder, "run the checkpoint stage first")
-    info = CheckpointInfo(**{**data, "config": BertConfig(**data["config"]) if data.get("config") else None})
+    info = _record(CheckpointInfo, folder, data, config=_config(folder, data) if data.get("config") else None)
     if expect is not None and info.init_from != expect:
         raise DataError(f"{folder} holds checkpoint {info.init_from!r}, but pretrain.init_from is "
                         f"{expect!r}; run the checkpoint stage first")
@@ -102,19 +122,18 @@ def read_checkpoint_info(folder: Path, expect: str | None = None) -> CheckpointI
 def read_encoder_info(folder: Path) -> EncoderInfo:
     """The record of an exported encoder."""
     data = _read(folder, "not an exported encoder; run the pretrain stage, or name a folder it wrote")
-    return EncoderInfo(**{**data, "config": BertConfig(**data["config"])})
+    return _record(EncoderInfo, folder, data, config=_config(folder, data))
 
 
 def read_task_model_info(folder: Path) -> TaskModelInfo:
     """The record of an exported task model."""
     data = _read(folder, "not an exported task model")
-    space = [data["id2label"][str(i)] for i in range(len(data["id2label"]))]
-    # `fit` was `run` before the fine-tuning fits were named so: registered models keep working.
-    return TaskModelInfo(config=BertConfig(**data["config"]),
-                         task=from_dict(TaskConfig, data["task"], f"{folder / INFO_FILE}:task"),
-                         fit=data.get("fit", data.get("run", "")), labels=data["labels"], space=space,
-                         max_seq_len=data["max_seq_len"], label_subwords=data["label_subwords"],
-                         crf=data["crf"], threshold=data["threshold"])
+    id2label = data.get("id2label", {})
+    space = [id2label.get(str(i)) for i in range(len(id2label))]
+    # `fit` was `run` before fine-tuning fits were named so: models registered then keep working.
+    return _record(TaskModelInfo, folder, data, config=_config(folder, data), space=space,
+                   task=from_dict(TaskConfig, data.get("task"), f"{Path(folder) / INFO_FILE}:task"),
+                   fit=data.get("fit", data.get("run", "")))
 
 
 def write_info(folder: Path, info: CheckpointInfo | EncoderInfo | TaskModelInfo) -> None:
