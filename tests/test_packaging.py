@@ -38,3 +38,16 @@ def test_dockerfile_installs_what_pyproject_pins_and_runs_as_a_user():
     assert "ARG BASE_IMAGE" in docker  # a CUDA base image by build arg
     kept = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")]
     assert sorted(kept) == ["!README.md", "!components/", "!pipeline/", "!pyproject.toml"]
+
+
+def test_the_installed_package_holds_every_subpackage():
+    # `pip install .` (the Docker image) installs what setuptools finds: every floor of components.
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = set(find_packages(where=str(ROOT), include=find["include"]))
+    ours = {".".join(p.parent.relative_to(ROOT).parts) for top in ("components", "pipeline")
+            for p in (ROOT / top).rglob("__init__.py")}
+    assert found == ours
