@@ -2,6 +2,8 @@
 
 `run_stage` is what both `bertflow stage NAME` (called by dvc.yaml) and the Prefect flow run, so
 the two paths share every line that matters. Stage order here is the DAG order of dvc.yaml.
+Each entry imports the component functions it calls inside its body: pipeline.deps reads those
+imports to write the stage's code deps into dvc.yaml.
 """
 
 from __future__ import annotations
