@@ -70,7 +70,7 @@ def main() -> None:
     hf_dir = Path(tempfile.mkdtemp(prefix="bertflow-hf-")) / "model"
     export_hf(model_dir, hf_dir)
     clf = pipeline("text-classification", model=str(hf_dir), device=-1)
-    cut = {"truncation": True, "max_length": ours.max_len}
+    cut = {"truncation": True, "max_length": ours.info.max_seq_len}
 
     runs = {
         "ours": lambda xs: [r["label"] for r in predict_rows(ours, [{"text": x} for x in xs],
@@ -96,7 +96,7 @@ def main() -> None:
         f"Reproduce: `python benchmarks/predict_throughput.py --task {args.task}` ({args.threads} "
         "threads, fp32, no GPU; needs `make run` first).", "",
         f"Model: the exported `{args.task}` classifier ({len(ours.model.encoder.blocks)} layers × "
-        f"{ours.model.classifier.in_features} hidden), max length {ours.max_len}. Sentences: "
+        f"{ours.model.classifier.in_features} hidden), max length {ours.info.max_seq_len}. Sentences: "
         f"{len(texts):,} of the task's texts ({statistics.mean(lengths):.0f} words on average, "
         f"{min(lengths)}–{max(lengths)}). Median of {args.repeats} interleaved passes each; both "
         f"sides agree on {agree:.1%} of the labels.", "",

@@ -23,7 +23,7 @@ from components.model.build import task_model
 from components.model.decoding import predict
 from components.model.folders import load_tokenizer, read_weights
 from components.model.inputs import encode
-from components.model.metadata import read_task_model_info
+from components.model.metadata import TaskModelInfo, read_task_model_info
 
 # Words of raw text for token and span tasks: runs of letters/digits (with inner - ' ’ .), or
 # one other non-space character, the way CoNLL splits "U.S.-led" or "(Reuters)".
@@ -36,32 +36,26 @@ INPUTS = {"classification": ("text",), "pair": ("text_a", "text_b"), "token": ("
 
 @dataclass
 class TaskModel:
-    """An exported task model, loaded for prediction."""
+    """An exported task model, loaded for prediction: its record, the head, the tokenizer."""
 
-    kind: str
-    labels: list[str]
-    space: list[str]  # what the head predicts (labels, BIO tags, or NULL + labels)
+    info: TaskModelInfo
     model: Any  # the torch head in eval mode
     tokenizer: Any
-    max_len: int
-    long_text: str
-    label_subwords: str
-    max_span_words: int
-    span_decoding: str
-    threshold: float | None
+
+    @property
+    def kind(self) -> str:
+        """The task kind, which selects the inputs and the shape of the answers."""
+        return self.info.task.kind
 
 
 def load_task_model(model_dir: Path) -> TaskModel:
     """Weights (safetensors), config, tokenizer and label map of an exported task model."""
     model_dir = Path(model_dir)
     info = read_task_model_info(model_dir)
-    task = info.task
-    model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
+    model = task_model(info.config, info.task.kind, info.space, info.crf, info.task.max_span_words)
     model.load_state_dict(read_weights(model_dir / "model.safetensors"))
     model.eval()  # predict() runs under no_grad
-    return TaskModel(task.kind, info.labels, info.space, model, load_tokenizer(model_dir, info.config),
-                     info.max_seq_len, task.long_text, info.label_subwords, task.max_span_words,
-                     task.span_decoding, info.threshold)
+    return TaskModel(info, model, load_tokenizer(model_dir, info.config))
 
 
 def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
@@ -115,19 +109,20 @@ def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[
     if not rows:
         return []
     check_columns(tm.kind, sorted({k for row in rows for k in row}))
+    info, task = tm.info, tm.info.task
     if tm.kind in ("classification", "pair"):
         columns = {c: [_text(r.get(c), c, i) for i, r in enumerate(rows)] for c in INPUTS[tm.kind]}
         # encode() reads gold labels too: any known label stands in, it is not used.
-        table = pa.table({**columns, "label": [tm.labels[0]] * len(rows)})
-        examples = encode(table, tm.kind, tm.tokenizer, tm.labels, tm.max_len, tm.long_text)
-        found = predict(tm.model, tm.kind, examples, tm.space, batch_size)
+        table = pa.table({**columns, "label": [info.labels[0]] * len(rows)})
+        examples = encode(table, tm.kind, tm.tokenizer, info.labels, info.max_seq_len, task.long_text)
+        found = predict(tm.model, tm.kind, examples, info.space, batch_size)
         return [{"label": label, "score": score} for label, score in found]
     words = [_words(row, i) for i, row in enumerate(rows)]
     table = pa.table({"tokens": [w for w, _, _ in words],
                       "tags": [["O"] * len(w) for w, _, _ in words]})  # stand-in gold, unused
-    examples = encode(table, tm.kind, tm.tokenizer, tm.labels, tm.max_len,
-                      label_subwords=tm.label_subwords, max_span_words=tm.max_span_words)
-    found = predict(tm.model, tm.kind, examples, tm.space, batch_size, tm.span_decoding, tm.threshold)
+    examples = encode(table, tm.kind, tm.tokenizer, info.labels, info.max_seq_len,
+                      label_subwords=info.label_subwords, max_span_words=task.max_span_words)
+    found = predict(tm.model, tm.kind, examples, info.space, batch_size, task.span_decoding, info.threshold)
     if tm.kind == "token":
         return [{"tokens": w, "tags": tags, "entities": _entities(
                     [(a, b, label, None) for a, b, label in bio_to_spans(tags)], offsets, text)}
