@@ -10,7 +10,7 @@ import pytest
 
 from components.data.tags import bio_to_spans, spans_to_bio
 from components.evaluation.baseline import tfidf_baseline
-from components.evaluation.metrics import classification_metrics, entity_metrics
+from components.evaluation.metrics import classification_metrics, entity_metrics, tag_metrics
 from components.evaluation.plots import write_confusion, write_curves, write_per_class
 from components.evaluation.tables import (
     arm_minutes,
@@ -355,3 +355,34 @@ def test_import_is_light():
             "print(any(m.split('.')[0] in ('matplotlib', 'sklearn') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _random_tags(rng: random.Random, n: int) -> list[str]:
+    """Any BIO sequence, IOB1 included (I- after O or after another type)."""
+    return [rng.choice(["O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG"]) for _ in range(n)]
+
+
+def test_bio_to_spans_follows_the_same_rules_as_seqeval():
+    # seqeval's default mode is conlleval's reading; serving keeps our light copy of it.
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    rng = random.Random(2)
+    for _ in range(500):
+        tags = _random_tags(rng, rng.randint(0, 20))
+        assert bio_to_spans(tags) == [(s, e + 1, t) for t, s, e in get_entities(tags)], tags
+
+
+def test_tag_metrics_equal_span_set_metrics_where_both_apply():
+    # Token tasks are scored by seqeval, span tasks by set matching: one definition, two readers.
+    rng = random.Random(3)
+    for _ in range(30):
+        gold = [_random_tags(rng, rng.randint(1, 15)) for _ in range(rng.randint(1, 8))]
+        pred = [[t if rng.random() < 0.7 else rng.choice(["O", "B-PER", "I-LOC"]) for t in g] for g in gold]
+        by_tags = tag_metrics(gold, pred)
+        by_spans = entity_metrics([bio_to_spans(g) for g in gold], [bio_to_spans(p) for p in pred])
+        for key in ("precision", "recall", "f1"):
+            assert by_tags[key] == pytest.approx(by_spans[key]), key
+        assert (by_tags["support"], by_tags["predicted"]) == (by_spans["support"], by_spans["predicted"])
+        assert by_tags["per_class"].keys() == by_spans["per_class"].keys()
+        for kind, m in by_tags["per_class"].items():
+            assert m == pytest.approx(by_spans["per_class"][kind]), kind
