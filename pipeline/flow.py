@@ -137,6 +137,10 @@ def summary_markdown(results: dict[str, dict], failed: str | None = None) -> str
         lines.append(f"| {name} | {r['status']} | {r['seconds']:.1f} | {key} |")
     if failed:
         lines.append(f"| {failed} | failed | | |")
+    pretrain = results.get("pretrain", {}).get("stats", {})
+    if pretrain.get("stopped_by") == "max_minutes":
+        lines.append(f"\n**Warning: pretrain.max_minutes stopped pretraining at step "
+                     f"{pretrain['steps']} of {pretrain['max_steps']}: not a reference run.**")
     return "\n".join(lines)
 
 

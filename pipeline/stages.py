@@ -263,14 +263,20 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
         run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
         stats = stage.call(p, root, run, task)
-        seconds = time.perf_counter() - start
+        # Facts of this execution (wall minutes, workers, a resume) go to MLflow only: the
+        # metrics file is a DVC output, equal on every rerun with the same inputs.
+        this_run = {"seconds": time.perf_counter() - start, **stats.pop("this_run", {})}
         out = metrics_file(p, root, name)
         write_json(out, stats)
-        run.log_metrics({**stats, "seconds": seconds})
+        run.log_metrics({**stats, "this_run": this_run})
+        run.set_tags({f"bertflow.this_run.{k}": v for k, v in this_run.items() if isinstance(v, str)})
+        if stats.get("stopped_by") == "max_minutes":
+            run.set_tags({"bertflow.guard_fired": f"pretrain.max_minutes at step {stats['steps']} "
+                                                  f"of {stats['max_steps']}"})
         run.log_artifact(out)
         for path in stage.artifacts(p, root, task):
             run.log_artifact(path, path.name)
-    log.info("stage %s done in %.1f s", name, seconds)
+    log.info("stage %s done in %.1f s", name, this_run["seconds"])
     return stats
 
 

@@ -13,7 +13,7 @@ from components.evaluation.baseline import tfidf_baseline
 from components.evaluation.metrics import classification_metrics, entity_metrics, tag_metrics
 from components.evaluation.plots import write_confusion, write_curves, write_per_class
 from components.evaluation.tables import (
-    arm_minutes,
+    arm_steps,
     compare_transfer,
     cost_cells,
     summarize,
@@ -255,19 +255,19 @@ def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
     assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps; {said}"
 
 
-def test_what_each_start_cost_is_minutes_per_fit_by_init(tmp_path):
+def test_what_each_start_cost_is_steps_per_fit_by_init(tmp_path):
     stats = tmp_path / "finetune_stats.json"
-    fits = {"pretrained-s1": {"minutes": 4.0}, "pretrained-s2": {"minutes": 5.0},
-            "scratch-s1": {"minutes": 6.5}}
+    fits = {"pretrained-s1": {"steps": 400}, "pretrained-s2": {"steps": 500},
+            "scratch-s1": {"steps": 1250}}
     stats.write_text(json.dumps({"fits": fits}))
-    minutes = arm_minutes(stats)
-    assert minutes["pretrained"]["mean"] == 4.5 and minutes["scratch"]["values"] == [6.5]
-    assert arm_minutes(tmp_path / "missing.json") == {}
-    rows = [{"task": "a", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "minutes": minutes},
-            {"task": "b", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "minutes": {}}]
+    steps = arm_steps(stats)
+    assert steps["pretrained"]["mean"] == 450 and steps["scratch"]["values"] == [1250]
+    assert arm_steps(tmp_path / "missing.json") == {}
+    rows = [{"task": "a", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": steps},
+            {"task": "b", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": {}}]
     header, cells = cost_cells(rows)
     assert header == ["task", "pretrained", "from scratch"]
-    assert cells == [["a", "4.5 ± 0.7", "6.5 ± 0.0"]]  # b: not measured, no row
+    assert cells == [["a", "450 ± 71", "1,250 ± 0"]]  # b: not measured, no row
 
 
 def test_compare_puts_runs_side_by_side_and_marks_what_a_run_lacks():

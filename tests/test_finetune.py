@@ -252,6 +252,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         task_cfg = replace(cfg, crf=name == "ner")  # the CRF path too
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
         assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+        this_run = stats.pop("this_run")  # MLflow only, as run_stage does
+        assert set(this_run) == {"workers", *(f"{fit}.minutes" for fit in stats["fits"])}
         write_json(tmp_path / "metrics" / name / "finetune_stats.json", stats)  # as run_stage does
         metrics_dir = tmp_path / "metrics" / name
         evaluated = evaluate_task(name, task, EvaluateConfig(), task_dir, model_dir, metrics_dir)
@@ -284,9 +286,10 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     assert all(f"| {name} |" in table for name in tasks)
     summary = json.loads((tmp_path / "transfer.json").read_text())
     assert summary["reviews"]["pretrained"]["n"] == 2 and summary["reviews"]["tfidf"] > 0.9
-    # What each start cost: minutes per fit, by init, from each task's finetune_stats.json.
+    # What each start cost: steps per fit, by init, from each task's finetune_stats.json.
     fits = json.loads((tmp_path / "metrics" / "reviews" / "finetune_stats.json").read_text())["fits"]
-    minutes = summary["reviews"]["minutes"]
-    assert minutes["scratch"]["values"] == [fits[f"scratch-s{s}"]["minutes"] for s in (1, 2)]
+    steps = summary["reviews"]["steps"]
+    assert steps["scratch"]["values"] == [fits[f"scratch-s{s}"]["steps"] for s in (1, 2)]
+    assert not any("minutes" in fit for fit in fits.values())  # wall time is not an output
     cost = table.split("## What each start cost")[1]
     assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)

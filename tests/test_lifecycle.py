@@ -375,6 +375,6 @@ def test_the_report_holds_every_stage_task_and_model_and_needs_no_network(projec
         assert f"<td>{task}</td>" in page  # in the transfer table and the registry table
     transfer = json.loads((project / "metrics" / "transfer.json").read_text())
     cost = page.split("What each start cost")[1]
-    assert all(f"<td>{transfer[task]['minutes']['pretrained']['mean']:.1f} ± " in cost for task in TASKS)
+    assert all(f"<td>{transfer[task]['steps']['pretrained']['mean']:,.0f} ± " in cost for task in TASKS)
     images = re.findall(r'src="data:image/png;base64,', page)
     assert len(images) >= 1 + len(TASKS)  # the pretraining curve, at least a plot per task

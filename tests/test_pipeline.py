@@ -259,3 +259,14 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     assert finetune.data.params["finetune.tasks.reviews.source"] == "data/user/tasks/reviews.csv"
     assert finetune.data.tags["dvc.dep.data/tasks/reviews"] == _lock_out(repo, "task_data@reviews")
     assert "model" in {a.path for a in client.list_artifacts(finetune.info.run_id)}
+
+
+def test_the_run_summary_warns_when_a_time_guard_cut_pretraining_short():
+    from pipeline.flow import summary_markdown
+
+    def pretrain(**stats):
+        return {"pretrain": {"status": "ran", "seconds": 60.0, "stats": stats}}
+
+    cut = summary_markdown(pretrain(steps=5569, max_steps=6000, stopped_by="max_minutes"))
+    assert "Warning: pretrain.max_minutes stopped pretraining at step 5569 of 6000" in cut
+    assert "Warning" not in summary_markdown(pretrain(steps=6000, max_steps=6000, stopped_by="max_steps"))

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def _project(root: Path, stages_dir: Path, pairs_dir: Path, **pretrain) -> Path:
     shutil.copytree(pairs_dir, root / "data" / "pairs")
     # Both curriculum phases: 32-token pieces to step 40, full length after it.
     settings = {"max_steps": 120, "warmup_steps": 10, "batch_size": 16, "val_every_steps": 40,
-                "snapshot_every_steps": 10, "log_every_steps": 10, "max_minutes": 20.0,
+                "snapshot_every_steps": 10, "log_every_steps": 10,
                 "short_seq_len": 32, "short_seq_steps": 40, "accelerator": "cpu", **pretrain}
     return write_params(root, small_params(model={"preset": "tiny"}, pretrain=settings,
                                            tracking={"uri": "sqlite:///mlflow.db"}))
@@ -95,10 +96,36 @@ def _weights(export: Path) -> dict[str, torch.Tensor]:
     return load_file(export / "model.safetensors")
 
 
+def _folder_digest(folder: Path) -> dict[str, str]:
+    """md5 of every file under `folder`, by relative path: what DVC hashes for an output."""
+    import hashlib
+
+    return {str(f.relative_to(folder)): hashlib.md5(f.read_bytes()).hexdigest()
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def _stage_run(project: Path):
+    """The pretrain stage's last MLflow run in `project`."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("bertflow").experiment_id
+    return client.search_runs([experiment], "tags.`bertflow.stage` = 'pretrain'",
+                              order_by=["attributes.start_time DESC"], max_results=1)[0]
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_path):
+    """One run straight through with another process burning a core all along, one killed
+    after its first snapshot and resumed on a quiet machine: the same encoder folder, byte for
+    byte (weights, bertflow.json), and the same metrics file."""
     straight = _project(tmp_path / "a", stages_dir, pairs_out[0])
-    run_cli("bertflow", "stage", "pretrain", "-p", str(straight), cwd=straight.parent)
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run_cli("bertflow", "stage", "pretrain", "-p", str(straight), cwd=straight.parent)
+    finally:
+        burner.kill()
+        burner.wait()
 
     killed = _project(tmp_path / "b", stages_dir, pairs_out[0])
     ckpts = killed.parent / "data" / "models" / "pretrain-snapshots"
@@ -115,11 +142,14 @@ def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_pa
     assert not (killed.parent / "data" / "models" / "encoder").exists()  # nothing half-exported
 
     run_cli("bertflow", "stage", "pretrain", "-p", str(killed), cwd=killed.parent)
+    assert _stage_run(killed.parent).data.metrics["this_run.resumed"] == 1
+    assert _stage_run(straight.parent).data.metrics["this_run.resumed"] == 0
     stats = json.loads((killed.parent / "metrics" / "pretrain_stats.json").read_text())
-    assert stats["resumed"] is True and stats["steps"] == 120
-    a = _weights(straight.parent / "data" / "models" / "encoder")
-    b = _weights(killed.parent / "data" / "models" / "encoder")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert stats["steps"] == 120 and stats["stopped_by"] == "max_steps"
+    assert _folder_digest(straight.parent / "data" / "models" / "encoder") == \
+        _folder_digest(killed.parent / "data" / "models" / "encoder")
+    assert (straight.parent / "metrics" / "pretrain_stats.json").read_bytes() == \
+        (killed.parent / "metrics" / "pretrain_stats.json").read_bytes()
     assert not list(ckpts.glob("*/last.ckpt"))  # finished: checkpoints are cleaned up
     _check_export(straight.parent)
 
@@ -132,8 +162,14 @@ def test_a_run_the_time_budget_stops_is_evaluated_once_at_its_end(stages_dir, pa
     stats = json.loads((tmp_path / "metrics" / "pretrain_stats.json").read_text())
     steps = [int(line.split(",")[0]) for line in
              (tmp_path / "metrics" / "pretrain_curve.csv").read_text().splitlines()[1:]]
-    assert 0 < stats["steps"] < 100_000  # stopped by the budget
+    assert 0 < stats["steps"] < 100_000  # stopped by the guard
     assert steps == [stats["steps"]]  # the end, evaluated once
+    # ... and marked as cut short: in the stats, the encoder's record and an MLflow tag.
+    assert stats["stopped_by"] == "max_minutes" and stats["max_steps"] == 100_000
+    encoder = json.loads((tmp_path / "data" / "models" / "encoder" / "bertflow.json").read_text())
+    assert encoder["stats"]["stopped_by"] == "max_minutes"
+    assert _stage_run(tmp_path).data.tags["bertflow.guard_fired"] == \
+        f"pretrain.max_minutes at step {stats['steps']} of 100000"
 
 
 def _check_export(project: Path) -> None:

@@ -269,9 +269,9 @@ class PretrainConfig:
     warmup_steps: int = 600
     """Linear warmup steps, then linear decay to zero at max_steps."""
     max_steps: int = 6000
-    """Optimiser steps."""
-    max_minutes: float = 40.0
-    """Wall-clock budget; training stops and exports when it is reached."""
+    """Optimiser steps: the budget, the same encoder on any machine."""
+    max_minutes: float = 0.0
+    """Wall-clock guard, 0 = off; when it fires first the run is marked as cut short."""
     grad_clip: float = 1.0
     """Gradient norm clipping."""
     val_every_steps: int = 500
@@ -514,7 +514,7 @@ def check(p: Params, where: str) -> None:
         (p.pretrain.max_steps >= 1, "pretrain.max_steps", "must be at least 1"),
         (0 <= p.pretrain.warmup_steps <= p.pretrain.max_steps, "pretrain.warmup_steps",
          "must be between 0 and pretrain.max_steps"),
-        (p.pretrain.max_minutes > 0, "pretrain.max_minutes", "must be positive"),
+        (p.pretrain.max_minutes >= 0, "pretrain.max_minutes", "must be 0 (off) or positive"),
         (p.pretrain.short_seq_len == 0 or 8 <= p.pretrain.short_seq_len <= p.pairs.max_seq_len,
          "pretrain.short_seq_len", "must be 0 (off) or between 8 and pairs.max_seq_len"),
         (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",

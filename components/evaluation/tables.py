@@ -1,5 +1,5 @@
 """The transfer table: scores per task and init over seeds, the gain of pretraining, verdicts,
-the minutes each start cost, and several pipeline runs' tables side by side (Markdown for people)."""
+the steps each start cost, and several pipeline runs' tables side by side (Markdown for people)."""
 
 from __future__ import annotations
 
@@ -102,24 +102,26 @@ def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, cells
 
 
-def arm_minutes(finetune_stats: Path) -> dict[str, dict]:
-    """Wall minutes of one fit, per init over its seeds, from a task's finetune_stats.json
-    (fits named INIT-sSEED); empty if the file is not there."""
+def arm_steps(finetune_stats: Path) -> dict[str, dict]:
+    """Optimizer steps of one fit, per init over its seeds, from a task's finetune_stats.json
+    (fits named INIT-sSEED); empty if the file is not there. Steps, not wall minutes: the table
+    must read the same on every machine that trains the same models."""
     if not Path(finetune_stats).exists():
         return {}
     by_init: dict[str, list[float]] = {}
     for fit, stats in json.loads(Path(finetune_stats).read_text())["fits"].items():
-        by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(stats["minutes"])
-    return {init: summarize(minutes) for init, minutes in sorted(by_init.items())}
+        by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(stats["steps"])
+    return {init: summarize(steps) for init, steps in sorted(by_init.items())}
 
 
 def cost_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells per task: the minutes one fit of each init took, mean ± std
-    over seeds; pretraining, paid once for all tasks, is in the pretrain stage's stats."""
+    """Header and cells per task: the steps one fit of each init took (early stopping ends
+    it), mean ± std over seeds; pretraining, paid once for all tasks, is in the pretrain
+    stage's stats."""
     arms = _arms(rows)
-    cells = [[row["task"], *(f"{m['mean']:.1f} ± {m['std']:.1f}" if (m := row["minutes"].get(a))
+    cells = [[row["task"], *(f"{m['mean']:,.0f} ± {m['std']:,.0f}" if (m := row["steps"].get(a))
                              else NO_VALUE for a in arms)]
-             for row in rows if row.get("minutes")]
+             for row in rows if row.get("steps")]
     return ["task", *(ARMS[a] for a in arms)], cells
 
 

@@ -8,7 +8,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from components.core.io import atomic_file
-from components.evaluation.tables import arm_minutes, cost_cells, markdown, transfer_table, verdicts
+from components.evaluation.tables import arm_steps, cost_cells, markdown, transfer_table, verdicts
+
+
+def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
+    """A loud line when the encoder the tasks were fine-tuned from stopped on a time guard
+    (pretrain.max_minutes) before pretrain.max_steps: such a table is not a reference."""
+    for name in tasks:
+        path = Path(tasks_dir) / name / "finetune_stats.json"
+        encoder = json.loads(path.read_text()).get("encoder", {}) if path.exists() else {}
+        if encoder.get("stopped_by") == "max_minutes":
+            return (f"**Warning: pretraining was cut short by `pretrain.max_minutes` at step "
+                    f"{encoder['steps']:,} of {encoder['max_steps']:,}.** The encoder depends on "
+                    "the speed of the machine that trained it; do not take this table for a "
+                    "reference.\n\n")
+    return ""
 
 
 def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
@@ -23,7 +37,7 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         tfidf = s["tfidf"]["accuracy"] if s.get("tfidf") else None
         rows.append({"task": name, "kind": s["kind"], "metric": s["metric"], "tfidf": tfidf,
                      "scratch": None, **s["primary"],
-                     "minutes": arm_minutes(Path(tasks_dir) / name / "finetune_stats.json")})
+                     "steps": arm_steps(Path(tasks_dir) / name / "finetune_stats.json")})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
     encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
                else "pretrained here from random weights")
@@ -32,15 +46,16 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         legend += (f"*checkpoint as is*: {init_from} fine-tuned without continued pretraining; "
                    "*vs checkpoint*: pretrained minus checkpoint as is, in points, and "
                    "*continued pretraining helps* when it exceeds the larger seed std; ")
-    text = ("# What pretraining bought\n\nTest-split scores, mean ± sample std over "
-            f"{seeds} seeds, in percent. {legend}*gain*: pretrained minus from scratch, in "
-            "points; *pretraining helps* when the gain exceeds the larger seed std.\n\n"
-            + transfer_table(rows))
+    text = ("# What pretraining bought\n\n" + guard_warning(tasks_dir, tasks)
+            + f"Test-split scores, mean ± sample std over {seeds} seeds, in percent. {legend}"
+            "*gain*: pretrained minus from scratch, in points; *pretraining helps* when the gain "
+            "exceeds the larger seed std.\n\n" + transfer_table(rows))
     cost = cost_cells(rows)
     if cost[1]:
-        text += ("\n## What each start cost\n\nWall minutes of one fit (one init, one seed; mean ± "
-                 "std over seeds) on the machine that ran it; pretraining, paid once for every task, "
-                 "is in pretrain_stats.json.\n\n" + markdown(*cost))
+        text += ("\n## What each start cost\n\nOptimizer steps of one fit (one init, one seed; "
+                 "mean ± std over seeds) until early stopping or the last epoch; pretraining, paid "
+                 "once for every task, is in pretrain_stats.json. Wall minutes are in each "
+                 "finetune run's MLflow metrics (`this_run.*`).\n\n" + markdown(*cost))
     with atomic_file(md_path) as tmp:
         tmp.write_text(text)
     summary = {r["task"]: {**{k: v for k, v in r.items() if k != "task"},

@@ -65,7 +65,7 @@ def _transfer(transfer: dict) -> str:
         return '<p class="muted">not run yet</p>'
     cost = cost_cells(rows)
     return table(*transfer_cells(rows)) + (
-        "<h3>What each start cost</h3><p>Wall minutes of one fit (one init, one seed), mean ± std over "
+        "<h3>What each start cost</h3><p>Optimizer steps of one fit (one init, one seed), mean ± std over "
         "seeds.</p>" + table(*cost) if cost[1] else "")
 
 

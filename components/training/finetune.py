@@ -67,7 +67,8 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     meta = read_meta(task_dir)
     if meta["kind"] != task.kind:
         raise DataError(f"{task_dir}: holds {meta['kind']} data, but task {name} is {task.kind}")
-    bert = read_encoder_info(encoder_dir).config
+    encoder = read_encoder_info(encoder_dir)
+    bert = encoder.config
     tokenizer = load_tokenizer(encoder_dir, bert)
     read_weights(Path(encoder_dir) / "model.safetensors")  # fail now, not in every fit's process
     weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir}
@@ -78,8 +79,11 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
                          cfg.label_subwords, task.max_span_words) for s, t in splits.items()}
     fits = [(init, seed) for init in cfg.init for seed in cfg.seeds]
+    # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
-                   "train_examples": len(encoded["train"]), "fits": {}}
+                   "train_examples": len(encoded["train"]), "fits": {},
+                   "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
+                               if k in encoder.stats}}
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
         shared = TaskFits(name, task, cfg, bert, meta["labels"], Path(encoder_dir), weights, tmp, encoded,
@@ -90,10 +94,13 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
                          for init, seed in bar(fits, f"finetune {name}", len(fits), "fit")]
         else:
             summaries = map_in_processes(fit_and_predict, shared, fits, workers, f"finetune {name}")
+        # Wall minutes and the worker count describe this execution, not the models: MLflow only.
+        this_run: dict = {"workers": workers}
         for summary in summaries:
-            stats["fits"][f"{summary['init']}-s{summary['seed']}"] = {
-                k: summary[k] for k in ("steps", "best_val_metric", "minutes")}
-        stats["workers"] = workers
+            fit_name = f"{summary['init']}-s{summary['seed']}"
+            stats["fits"][fit_name] = {k: summary[k] for k in ("steps", "best_val_metric")}
+            this_run[f"{fit_name}.minutes"] = summary["minutes"]
+        stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
 
@@ -159,8 +166,9 @@ def fit_and_predict(shared: TaskFits, init: str, seed: int) -> dict:
     pq.write_table(predictions_table(task.kind, test), shared.out / "fits" / f"{name}.parquet")
     best = max((h["val_metric"] for h in history), default=float("nan"))
     summary = {"init": init, "seed": seed, "steps": steps, "best_val_metric": best,
-               "threshold": threshold, "minutes": (time.perf_counter() - start) / 60, "history": history}
-    write_json(shared.out / "fits" / f"{name}.json", summary)
+               "threshold": threshold, "history": history}
+    write_json(shared.out / "fits" / f"{name}.json", summary)  # a DVC output: no wall time in it
+    summary["minutes"] = (time.perf_counter() - start) / 60
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, name, best,
              steps, summary["minutes"])
     if init == cfg.init[0] and seed == cfg.seeds[0]:

@@ -156,7 +156,8 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     trainer = L.Trainer(
         accelerator=cfg.accelerator, devices=_devices(cfg.devices), num_nodes=cfg.num_nodes,
         strategy=cfg.strategy, precision=resolve_precision(cfg.precision),
-        max_steps=cfg.max_steps, max_time={"minutes": cfg.max_minutes},
+        max_steps=cfg.max_steps,
+        max_time={"minutes": cfg.max_minutes} if cfg.max_minutes else None,
         gradient_clip_val=cfg.grad_clip, accumulate_grad_batches=cfg.accumulate,
         val_check_interval=cfg.val_every_steps * cfg.accumulate, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, logger=loggers or False,
@@ -181,9 +182,17 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
         return {}
     history = module.history
     final = history[-1] if history else {}
+    stopped_by = "max_steps" if trainer.global_step >= cfg.max_steps else "max_minutes"
+    if stopped_by == "max_minutes":
+        log.warning("pretrain: GUARD FIRED: pretrain.max_minutes (%s) stopped training at step %d "
+                    "of %d; this encoder depends on the machine's speed and is not a reference",
+                    cfg.max_minutes, trainer.global_step, cfg.max_steps)
+    # Only what the inputs determine goes into the outputs (the encoder's bertflow.json and the
+    # DVC metrics file): a rerun on the same inputs writes the same bytes. What this execution
+    # was like (wall minutes, a resume) goes to MLflow alone, under "this_run".
     stats = {
-        "steps": trainer.global_step, "tokens": module.tokens_seen, "minutes_this_run": minutes,
-        "resumed": resume is not None, "parameters": sum(p.numel() for p in module.model.parameters()),
+        "steps": trainer.global_step, "max_steps": cfg.max_steps, "stopped_by": stopped_by,
+        "tokens": module.tokens_seen, "parameters": sum(p.numel() for p in module.model.parameters()),
         "mlm_accuracy": final.get("val/mlm_accuracy"), "mlm_loss": final.get("val/mlm_loss"),
         "perplexity": final.get("val/perplexity"), "nsp_accuracy": final.get("val/nsp_accuracy"),
         "world_size": trainer.world_size, "precision": resolve_precision(cfg.precision),
@@ -199,7 +208,10 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     write_encoder(module.model, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
                                             stats, history), tokenizer_dir, out_dir)
     shutil.rmtree(snapshot_dir, ignore_errors=True)  # the export is the product; snapshots were for resuming
-    return {**stats, "history": history}
+    # The float results depend on these two (measured: docs/reliability.md#reproducibility).
+    this_run = {"minutes": minutes, "resumed": int(resume is not None), "threads": torch.get_num_threads(),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {**stats, "history": history, "this_run": this_run}
 
 
 def _devices(devices: str) -> int | str:
