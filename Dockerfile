@@ -4,11 +4,14 @@
 # CUDA:           docker build -t bertflow:cuda \
 #                   --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
 #                   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
-# Run:            docker run --rm -v "$PWD:/work" bertflow run
-#                 docker run --rm --gpus all -v "$PWD:/work" bertflow:cuda run
-# Serve a model:  docker run --rm -p 127.0.0.1:5000:5000 -v "$PWD:/work" \
+# Run:            docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:/work" bertflow run
+#                 docker run --rm --gpus all --user "$(id -u):$(id -g)" -v "$PWD:/work" bertflow:cuda run
+# Serve a model:  docker run --rm -p 127.0.0.1:5000:5000 --user "$(id -u):$(id -g)" -v "$PWD:/work" \
 #                   -e MLFLOW_TRACKING_URI=sqlite:////work/mlflow.db --entrypoint mlflow bertflow \
 #                   models serve -m models:/movie-sentiment@champion --env-manager local -h 0.0.0.0
+# --user: the mounted checkout is the host user's; run as that uid, the container can write it
+# and what it writes stays the host user's. Without it the image runs as uid 10001, and
+# `bertflow run` refuses a checkout it cannot write, naming both uids.
 # Nothing secret is baked in: pass credentials (S3 remote, MLflow server) with -e at run time.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
@@ -33,7 +36,16 @@ RUN apt-get update \
          apt-get install -y --no-install-recommends python3 python3-venv; fi \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv \
-    && useradd --create-home --uid 10001 bertflow
+    && useradd --create-home --uid 10001 bertflow \
+    && chmod 1777 /home/bertflow \
+    && git config --system --add safe.directory /work
+# The checkout at /work belongs to the host user, not to the uid git runs as: git refuses such a
+# repository ("dubious ownership"), and the runs would record git.commit none, unless /work is
+# marked safe (system-wide: for any uid). Under --user the uid has no passwd entry and no home:
+# HOME (writable by any uid) and USER are set for the tools that look them up (git, DVC, MLflow).
+ENV HOME=/home/bertflow \
+    USER=bertflow \
+    LOGNAME=bertflow
 
 WORKDIR /opt/bertflow
 # torch first, pinned as in pyproject.toml, from the CPU (or CUDA) wheel index: the default

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from components.core.errors import BertflowError
-from pipeline.cli_common import ParamsOption, mlflow_client
+from pipeline.cli_common import ParamsOption, check_checkout, mlflow_client, registry_client
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
@@ -27,6 +27,7 @@ def run(
     from pipeline.stages import plan
 
     plan(load_params(params), until)  # refuse bad params or a bad stage before Prefect starts
+    check_checkout(params.resolve().parent)
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until, wait)
@@ -44,6 +45,7 @@ def stage(
     from pipeline.stages import run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
+    check_checkout(params.resolve().parent)
     run_stage(name, params)
 
 
@@ -72,7 +74,7 @@ def promote(task: str, version: str, params: ParamsOption = Path("params.yaml"))
     """Make VERSION the champion of TASK (the previous one stays in the history)."""
     from components.lifecycle.registry import promote as do_promote
 
-    do_promote(mlflow_client(params), task, version)
+    do_promote(registry_client(params), task, version)
     typer.echo(f"{task}: version {version} is champion")
 
 
@@ -81,18 +83,19 @@ def rollback(task: str, params: ParamsOption = Path("params.yaml")) -> None:
     """Give TASK's champion back to the previous champion."""
     from components.lifecycle.registry import rollback as do_rollback
 
-    typer.echo(f"{task}: version {do_rollback(mlflow_client(params), task)} is champion again")
+    typer.echo(f"{task}: version {do_rollback(registry_client(params), task)} is champion again")
 
 
 @app.command()
 def lineage(
-    ref: Annotated[str, typer.Argument(help="TASK@ALIAS (champion, candidate) or TASK/VERSION.")],
+    ref: Annotated[str, typer.Argument(help="TASK@ALIAS (champion, candidate), TASK/VERSION, or "
+                                            "TASK (its champion).")],
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Where a model version comes from: code, params, data versions, the encoder and its data."""
     from components.lifecycle.registry import lineage as chain
 
-    typer.echo("\n".join(chain(mlflow_client(params), ref)))
+    typer.echo("\n".join(chain(registry_client(params), ref)))
 
 
 @app.command()
@@ -111,34 +114,70 @@ def predict(
     import contextlib
     import json
 
-    import mlflow
     import pandas as pd
 
-    from components.core.errors import ConfigError
+    from components.core.errors import ConfigError, DataError
     from components.core.io import atomic_file
     from components.core.progress import bar
-    from components.lifecycle.inference import read_batches
+    from components.lifecycle.inference import TEXTS, blank_column, read_numbered
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
     if text_b and len(text_b) != len(text or []):
         raise ConfigError("give one --text-b per --text")
-    mlflow_client(params)
-    pyfunc = mlflow.pyfunc.load_model(model or f"models:/{task}@champion")
+    for option, values in (("--text", text), ("--text-b", text_b)):
+        if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
+            raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
+    pyfunc = _load_pyfunc(model or f"models:/{task}@champion", params)
+    # Blank texts are refused before the model runs, each named by where it is in the input.
+    inputs = pyfunc.metadata.get_input_schema()
+    columns = inputs.input_names() if inputs is not None else TEXTS
     if file is None:
         rows = [{"text_a": a, "text_b": b} for a, b in zip(text, text_b, strict=True)] if text_b \
             else [{"text": t} for t in text]
-        batches = iter([rows])
+        batches = iter([[(f"--text {i}", row) for i, row in enumerate(rows, 1)]])
     else:
-        batches = read_batches(file, batch_size)
+        batches = read_numbered(file, batch_size)
     with contextlib.ExitStack() as stack:
         if out is None:
             sink = sys.stdout
         else:  # written whole or not at all
             sink = stack.enter_context(stack.enter_context(atomic_file(out)).open("w", encoding="utf-8"))
-        for rows in bar(batches, f"predict {task}", unit="batch"):
-            for row, answer in zip(rows, pyfunc.predict(pd.DataFrame(rows)), strict=True):
+        for numbered in bar(batches, f"predict {task}", unit="batch"):
+            for place, row in numbered:
+                if column := blank_column(row, columns):
+                    where = f"{file}, {place}" if file else place
+                    raise DataError(f"{where}: {column!r} is empty or whitespace only")
+            rows = [row for _, row in numbered]
+            for row, answer in zip(rows, _answers(pyfunc, pd.DataFrame(rows), file), strict=True):
                 sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
+
+
+def _load_pyfunc(uri: str, params: Path):
+    """The pyfunc model at `uri`; an unknown registered model, alias or version, or a model
+    MLflow cannot load, is one clear line naming it."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from components.lifecycle.registry import checked_uri
+
+    checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
+    try:
+        return mlflow.pyfunc.load_model(uri)
+    except MlflowException as e:
+        raise BertflowError(f"cannot load model {uri}: {e.message.splitlines()[0]}") from None
+
+
+def _answers(pyfunc, frame, file: Path | None) -> list[dict]:
+    """The model's answers to a batch; input it refuses (as the REST server answers 400) is
+    one clear line, not a traceback."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return pyfunc.predict(frame)
+    except MlflowException as e:
+        where = f"{file}: " if file else ""
+        raise BertflowError(f"{where}{e.message.splitlines()[0]}") from None
 
 
 @app.command("export-hf")
@@ -154,9 +193,9 @@ def export_hf(
     import mlflow
 
     from components.lifecycle.hf_export import export_hf as convert
+    from components.lifecycle.registry import version_uri
 
-    mlflow_client(params)
-    uri = f"models:/{task}@{ref}" if not ref.isdigit() else f"models:/{task}/{ref}"
+    uri = version_uri(registry_client(params), task, ref)
     with tempfile.TemporaryDirectory(prefix="bertflow-hf-") as tmp:
         local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=tmp))
         info = convert(local / "artifacts" / "model", out, name=uri)
@@ -197,6 +236,17 @@ def report(
     with atomic_file(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     typer.echo(f"{out}: {len(page) / 1e6:.1f} MB, open it in any browser (no network needed)")
+
+
+@app.command()
+def metrics(params: ParamsOption = Path("params.yaml")) -> None:
+    """A screen-wide summary of the run's stats: a few numbers per stage, then each task's
+    pretrained and from-scratch scores (all of a stage's stats: metrics/*_stats.json)."""
+    from components.core.config import load_params
+    from components.lifecycle.summary import summary
+
+    p = load_params(params)
+    typer.echo(summary(params.resolve().parent / p.paths.metrics, list(p.finetune.tasks)), nl=False)
 
 
 @app.command()

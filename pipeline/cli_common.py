@@ -23,3 +23,44 @@ def mlflow_client(params: Path):
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return tracking.client(cfg, params.parent)
+
+
+def registry_client(params: Path):
+    """`mlflow_client`, for commands that read the registry: a project without its MLflow
+    database yet gets one clear line instead of a new, empty database and a lookup that fails."""
+    from components.core import tracking
+    from components.core.config import load_params
+    from components.core.errors import BertflowError
+
+    params = params.resolve()
+    uri = tracking.tracking_uri(load_params(params).tracking, params.parent)
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix):]).exists():
+        raise BertflowError(f"no registry here yet ({uri[len(prefix):]} does not exist): "
+                            "run `bertflow run` first, or point --params at your project")
+    return mlflow_client(params)
+
+
+def check_checkout(root: Path) -> None:
+    """Refuse a project folder this user cannot write, and say loudly when git cannot read the
+    checkout: both happen to a bind mount owned by another uid (Docker), and the second would
+    otherwise leave every run's lineage at `git.commit: none` without a word."""
+    import os
+    import subprocess
+
+    import typer
+
+    from components.core.errors import BertflowError
+
+    hint = 'in Docker, run as the checkout\'s owner: docker run --user "$(id -u):$(id -g)" ...'
+    if not os.access(root, os.W_OK):
+        raise BertflowError(f"{root} is not writable by uid {os.getuid()} (it belongs to uid "
+                            f"{root.stat().st_uid}); {hint}")
+    if not (root / ".git").exists():  # not a git checkout: no commit to record
+        return
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[0]
+        typer.echo(f"warning: git cannot read {root} ({why}): this run records git.commit none, "
+                   f"so its lineage loses the code version; {hint}, or mark it safe: "
+                   f"git config --global --add safe.directory {root}", err=True)

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from components.core.errors import ConfigError
-from pipeline.cli_common import ParamsOption, mlflow_client
+from components.core.errors import BertflowError, ConfigError
+from pipeline.cli_common import ParamsOption, registry_client
 
 ModelOption = Annotated[Path | None, typer.Option(
     "--model", help="An exported encoder folder [default: the registry's newest encoder].",
@@ -35,8 +35,12 @@ def encoder(model: Path | None, params: Path) -> Iterator:
 
     from components.lifecycle.registry import CANDIDATE, ENCODER, resolve
 
-    client = mlflow_client(params)
-    version = resolve(client, f"{ENCODER}@{CANDIDATE}")  # the newest encoder version
+    try:
+        client = registry_client(params)
+        version = resolve(client, f"{ENCODER}@{CANDIDATE}")  # the newest encoder version
+    except BertflowError as e:
+        raise BertflowError(f"{e}; or give --model FOLDER (the pretrain stage writes "
+                            "data/models/encoder)") from None
     with tempfile.TemporaryDirectory(prefix="bertflow-encoder-") as tmp:
         local = mlflow.artifacts.download_artifacts(f"models:/{ENCODER}/{version.version}", dst_path=tmp)
         yield load_encoder(Path(local))

@@ -43,3 +43,31 @@ def test_nothing_cites_a_file_outside_the_repository():
             for i, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
             if outside.search(line)]
     assert not hits, hits
+
+
+ANSWER_LABEL = re.compile(r'"label": "([^"]+)"')
+NAMED_TASK = re.compile(r"(?:bertflow predict|bertflow export-hf|models:/)\s*([\w-]+)")
+
+
+def _task_labels() -> dict[str, set[str]]:
+    """Each built-in task's label set, as the reference run's task_data stage recorded it."""
+    import json
+
+    return {p.parent.name: set(json.loads(p.read_text())["labels"])
+            for p in (ROOT / "metrics" / "tasks").glob("*/task_data_stats.json")}
+
+
+def test_example_answers_use_the_tasks_real_labels():
+    # An example answer in a code block that names tasks uses one of their labels; elsewhere
+    # (the answer table) one of any built-in task's: `pos` where the model says `positive` fails.
+    labels = _task_labels()
+    assert labels["movie-sentiment"] == {"negative", "positive"}
+    anywhere = set().union(*labels.values())
+    wrong = []
+    for page in _pages():
+        for i, part in enumerate(page.read_text().split("```")):
+            named = [t for t in NAMED_TASK.findall(part) if t in labels] if i % 2 else []
+            allowed = set().union(*(labels[t] for t in named)) if named else anywhere
+            wrong += [f"{page.relative_to(ROOT)}: {label!r} (tasks {named or 'any'})"
+                      for label in ANSWER_LABEL.findall(part) if label not in allowed]
+    assert not wrong, wrong

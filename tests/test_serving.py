@@ -15,35 +15,42 @@ from tests.conftest import ROOT, run_cli, small_params, write_params
 WORDS = ["great", "film", "awful", "boring", "the", "a", "was", "movie", "loved", "hated"]
 
 
-@pytest.fixture(scope="module")
-def pyfunc_model(tmp_path_factory) -> Path:
-    """A classification model folder (random weights: serving, not quality, is under test) saved
-    as the registry saves it: a pyfunc model logged as code."""
+def tiny_task_model(root: Path, kind: str = "classification",
+                    labels: tuple[str, ...] = ("negative", "positive")) -> Path:
+    """An exported task model folder `root/model` of a classification or pair task (random
+    weights: serving, not quality, is under test)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     from components.core.config import TaskConfig
     from components.data.tokenizer import SPECIAL_TOKENS, UNK, add_template
-    from components.lifecycle.registry import save_pyfunc
     from components.model.build import task_model
     from components.model.config import BertConfig
     from components.model.folders import write_task_model
     from components.model.metadata import TaskModelInfo
 
-    root = tmp_path_factory.mktemp("serving")
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + WORDS)}
     tok = Tokenizer(models.WordPiece(vocab, unk_token=UNK))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     add_template(tok)
-    (root / "tok").mkdir()
+    (root / "tok").mkdir(parents=True)
     tok.save(str(root / "tok" / "tokenizer.json"))
     cfg = BertConfig(vocab_size=len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
-    labels = ["negative", "positive"]
-    info = TaskModelInfo(config=cfg, task=TaskConfig("classification", "reviews.csv"), fit="pretrained-s1",
-                         labels=labels, space=labels, max_seq_len=32, label_subwords="all", crf=False)
-    write_task_model(task_model(cfg, "classification", labels), info, root / "tok", root / "model")
-    save_pyfunc(root / "model", "classification", [{"text": "a great film"}], root / "pyfunc")
+    info = TaskModelInfo(config=cfg, task=TaskConfig(kind, "reviews.csv"), fit="pretrained-s1",
+                         labels=list(labels), space=list(labels), max_seq_len=32, label_subwords="all",
+                         crf=False)
+    write_task_model(task_model(cfg, kind, list(labels)), info, root / "tok", root / "model")
+    return root / "model"
+
+
+@pytest.fixture(scope="module")
+def pyfunc_model(tmp_path_factory) -> Path:
+    """A classification model saved as the registry saves it: a pyfunc model logged as code."""
+    from components.lifecycle.registry import save_pyfunc
+
+    root = tmp_path_factory.mktemp("serving")
+    save_pyfunc(tiny_task_model(root), "classification", [{"text": "a great film"}], root / "pyfunc")
     return root / "pyfunc"
 
 
@@ -81,3 +88,26 @@ def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, 
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     assert answer["text"] == "what a great film" and answer["label"] in ("negative", "positive")
     assert 0.5 <= answer["score"] <= 1.0
+
+
+@pytest.mark.slow
+def test_rest_answers_an_empty_or_blank_text_with_400(pyfunc_model, tmp_path):
+    import httpx
+
+    from tests.test_lifecycle import _env, _free_port, _start, _stop
+
+    port = _free_port()
+    server = _start(["mlflow", "models", "serve", "-m", str(pyfunc_model), "--env-manager", "local",
+                     "-h", "127.0.0.1", "-p", str(port)], tmp_path, _env(),
+                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    try:
+        url = f"http://127.0.0.1:{port}/invocations"
+        fine = httpx.post(url, json={"dataframe_records": [{"text": "a great film"}]}, timeout=60)
+        assert fine.status_code == 200 and fine.json()["predictions"][0]["label"] in ("negative", "positive")
+        for blank in ("", " ", "\t\n"):
+            answer = httpx.post(url, json={"dataframe_records": [{"text": "a great film"}, {"text": blank}]},
+                                timeout=60)
+            assert answer.status_code == 400, (blank, answer.text)
+            assert "row 1: column 'text' is empty or whitespace only" in answer.json()["message"]
+    finally:
+        _stop(server)

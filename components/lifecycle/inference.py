@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
 INPUTS = {"classification": ("text",), "pair": ("text_a", "text_b"), "token": ("text", "tokens"),
           "span": ("text", "tokens")}
 """Input columns per task kind; token and span tasks take `text` or pre-split `tokens`."""
+TEXTS = ("text", "text_a", "text_b")
+"""The input columns that hold raw text (each must hold some)."""
 
 
 @dataclass
@@ -74,16 +76,37 @@ def _offsets(tokens: list[str]) -> list[tuple[int, int]]:
 
 
 def _text(value: Any, column: str, row: int) -> str:
+    """Row `row`'s `column`, checked to be a string with some text in it."""
     if not isinstance(value, str):
         raise DataError(f"row {row}: column {column!r} must be a string, got {type(value).__name__}")
+    # A model answers an empty text with a confident-looking label (whatever [CLS] [SEP] gives):
+    # refused, like a missing one.
+    if not value.strip():
+        raise DataError(f"row {row}: column {column!r} is empty or whitespace only")
     return value
+
+
+def _has_tokens(row: dict) -> bool:
+    """Whether a row of a token or span task holds pre-split `tokens` (then `text` is unused)."""
+    tokens = row.get("tokens")
+    return tokens is not None and not (isinstance(tokens, float) and tokens != tokens)  # NaN: absent
+
+
+def blank_column(row: dict, columns: Iterable[str]) -> str | None:
+    """The first text column of `columns` that `row` holds as an empty or whitespace-only
+    string, or None; `text` counts only where no pre-split `tokens` stand in for it."""
+    for column in columns:
+        value = row.get(column)
+        if column in TEXTS and isinstance(value, str) and not value.strip() \
+                and not (column == "text" and _has_tokens(row)):
+            return column
+    return None
 
 
 def _words(row: dict, i: int) -> tuple[list[str], list[tuple[int, int]], str]:
     """Words, their offsets and the text they are offsets into, from `tokens` or `text`."""
-    tokens = row.get("tokens")
-    if tokens is not None and not (isinstance(tokens, float) and tokens != tokens):  # NaN: absent
-        tokens = [str(t) for t in tokens]
+    if _has_tokens(row):
+        tokens = [str(t) for t in row["tokens"]]
         if not tokens or any(not t or t.isspace() for t in tokens):
             raise DataError(f"row {i}: `tokens` must be a non-empty list of non-blank strings")
         return tokens, _offsets(tokens), " ".join(tokens)
@@ -146,18 +169,30 @@ def _entities(spans: list[tuple], offsets: list[tuple[int, int]], text: str) -> 
 
 def read_batches(path: Path, size: int) -> Iterator[list[dict]]:
     """Rows of a CSV or JSONL file, `size` at a time (the file is never read whole)."""
+    for batch in read_numbered(path, size):
+        yield [row for _, row in batch]
+
+
+def read_numbered(path: Path, size: int) -> Iterator[list[tuple[str, dict]]]:
+    """Rows of a CSV or JSONL file, `size` at a time, each with where it is for error messages:
+    `line N` of a JSONL file, `row N` of a CSV file (counted from 1 after the header)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
         import pandas as pd
 
-        # Every value a string, an empty cell an empty string (not NaN).
-        for chunk in pd.read_csv(path, chunksize=size, dtype=str, keep_default_na=False):
-            yield chunk.to_dict(orient="records")
+        # Every value a string, an empty cell an empty string (not NaN); a blank line is a row
+        # (of empty cells, refused later) rather than silently one answer fewer.
+        done = 0
+        for chunk in pd.read_csv(path, chunksize=size, dtype=str, keep_default_na=False,
+                                 skip_blank_lines=False):
+            rows = chunk.to_dict(orient="records")
+            yield [(f"row {done + i}", row) for i, row in enumerate(rows, 1)]
+            done += len(rows)
         return
     if suffix not in (".jsonl", ".ndjson"):
         raise DataError(f"{path}: predict reads .csv or .jsonl files, not {suffix or 'no suffix'}")
-    batch: list[dict] = []
+    batch: list[tuple[str, dict]] = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -168,7 +203,7 @@ def read_batches(path: Path, size: int) -> Iterator[list[dict]]:
                 raise DataError(f"{path}, line {number}: not JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
-            batch.append(row)
+            batch.append((f"line {number}", row))
             if len(batch) == size:
                 yield batch
                 batch = []

@@ -199,8 +199,7 @@ def register_encoder(client, run, encoder_dir: Path, tags: dict[str, str]) -> Re
 
 def promote(client, name: str, version: str) -> None:
     """Make `version` the champion by hand."""
-    if str(version) not in {str(v.version) for v in _versions(client, name)}:
-        raise BertflowError(f"registered model {name!r} has no version {version}")
+    resolve(client, f"{name}/{version}")  # a clear error for an unknown model or version
     current = alias_version(client, name, CHAMPION)
     if current is None or str(current.version) != str(version):  # already champion: nothing to record
         set_champion(client, name, str(version), "promoted by hand")
@@ -219,13 +218,29 @@ def rollback(client, name: str) -> str:
 
 
 def _checked(client, name: str) -> str:
+    """`name`, if the registry has a model of that name; else an error listing those it has."""
     from mlflow.exceptions import MlflowException
 
     try:
         client.get_registered_model(name)
     except MlflowException:
-        raise BertflowError(f"no registered model {name!r}") from None
+        raise unknown_model(client, name) from None
     return name
+
+
+def unknown_model(client, name: str) -> BertflowError:
+    """The error for a model name the registry lacks, naming the ones it has."""
+    names = sorted(m.name for m in client.search_registered_models())
+    known = f"registered: {', '.join(names)}" if names else "the registry is empty: run `bertflow run` first"
+    return BertflowError(f"no registered model {name!r} ({known})")
+
+
+def _known_versions(client, name: str) -> str:
+    """`name`'s versions and aliases, for an error message: "versions 1, 2; aliases champion -> 1"."""
+    versions = sorted(int(v.version) for v in _versions(client, name))
+    aliases = client.get_registered_model(name).aliases  # {alias: version}
+    pointed = ", ".join(f"{a} -> {v}" for a, v in sorted(aliases.items())) or "none"
+    return f"versions {', '.join(map(str, versions)) or 'none'}; aliases {pointed}"
 
 
 def listing(client) -> list[dict[str, Any]]:
@@ -244,19 +259,41 @@ def listing(client) -> list[dict[str, Any]]:
 
 
 def resolve(client, ref: str):
-    """`TASK@ALIAS` or `TASK/VERSION` -> the model version."""
+    """`TASK@ALIAS`, `TASK/VERSION` or `TASK` (its champion) -> the model version; an unknown
+    model, alias or version is a one-line error naming what the registry has instead."""
     from mlflow.exceptions import MlflowException
 
     name, at, alias = ref.partition("@")
+    version = ""
     if not at:
-        name, _, version = ref.partition("/")
+        name, slash, version = ref.partition("/")
+        alias = "" if slash else CHAMPION
+    _checked(client, name)
     try:
-        if at:
+        if alias:
             return client.get_model_version_by_alias(name, alias)
         return client.get_model_version(name, version)
     except MlflowException:
-        raise BertflowError(f"no model version {ref!r} in the registry "
-                            f"(see `bertflow registry list`)") from None
+        what = f"alias {alias!r}" if alias else f"version {version or '(none given)'}"
+        raise BertflowError(f"registered model {name!r} has no {what} "
+                            f"({_known_versions(client, name)})") from None
+
+
+def checked_uri(client, uri: str) -> str:
+    """`uri`, after checking a registry URI (`models:/NAME@ALIAS`, `models:/NAME/VERSION`)
+    against the registry; other URIs and paths are MLflow's to check."""
+    prefix = "models:/"
+    if uri.startswith(prefix):
+        ref = uri[len(prefix):]
+        if "@" in ref or ref.rpartition("/")[2].isdigit():
+            resolve(client, ref)
+    return uri
+
+
+def version_uri(client, name: str, ref: str = CHAMPION) -> str:
+    """`models:/NAME/VERSION` of `name`'s version `ref` (an alias or a version number), checked."""
+    version = resolve(client, f"{name}/{ref}" if ref.isdigit() else f"{name}@{ref}")
+    return f"models:/{name}/{version.version}"
 
 
 def _data_lines(tags: dict[str, str], indent: str) -> list[str]:

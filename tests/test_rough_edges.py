@@ -1,0 +1,291 @@
+"""The rough edges of daily use: an unknown task, model, alias or version is one line naming what
+exists, in every command that takes one; empty text is refused, by the model (REST: 400) and by
+`bertflow predict` (naming where it is); a readable `dvc metrics show` and `bertflow metrics`;
+a checkout owned by another uid (a Docker bind mount) records its commit or says why not."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, ROOT, run_cli, small_params, write_params
+from tests.test_serving import tiny_task_model
+
+TASKS = {"reviews": ("classification", ("negative", "positive"), [{"text": "a great film"}]),
+         "same-topic": ("pair", ("other", "same"), [{"text_a": "a film", "text_b": "the movie"}])}
+
+
+# The model: blank text is bad input, for every text column ---------------------------------------
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A tiny exported model folder per kind of TASKS (random weights)."""
+    root = tmp_path_factory.mktemp("models")
+    return {name: tiny_task_model(root / name, kind, labels) for name, (kind, labels, _) in TASKS.items()}
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\t\n "])
+def test_the_model_refuses_empty_or_whitespace_text_in_any_text_column(models, blank):
+    from components.core.errors import DataError
+    from components.lifecycle.inference import load_task_model, predict_rows
+
+    reviews, pairs = load_task_model(models["reviews"]), load_task_model(models["same-topic"])
+    assert len(predict_rows(reviews, [{"text": "a great film"}])) == 1
+    with pytest.raises(DataError, match=r"^row 1: column 'text' is empty or whitespace only$"):
+        predict_rows(reviews, [{"text": "a great film"}, {"text": blank}])
+    for column in ("text_a", "text_b"):  # a pair: both texts
+        row = {"text_a": "a film", "text_b": "the movie", column: blank}
+        with pytest.raises(DataError, match=rf"^row 0: column '{column}' is empty or whitespace only$"):
+            predict_rows(pairs, [row])
+
+
+def test_the_pyfunc_model_turns_a_blank_text_into_a_bad_request(models, tmp_path):
+    # What `mlflow models serve` answers with 400 (tests/test_serving.py asks a real server).
+    import mlflow
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from components.lifecycle.registry import save_pyfunc
+
+    kind, _, example = TASKS["same-topic"]
+    save_pyfunc(models["same-topic"], kind, example, tmp_path / "pyfunc")
+    model = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"))
+    assert len(model.predict(pd.DataFrame(example))) == 1
+    with pytest.raises(MlflowException, match="row 0: column 'text_b' is empty") as refused:
+        model.predict(pd.DataFrame([{"text_a": "a film", "text_b": "  "}]))
+    assert refused.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_blank_columns_are_found_where_a_model_reads_them():
+    from components.lifecycle.inference import blank_column
+
+    assert blank_column({"text": " "}, ["text"]) == "text"
+    assert blank_column({"text": "", "tokens": ["Jones", "spoke"]}, ["text", "tokens"]) is None
+    assert blank_column({"text": "ok", "text_b": ""}, ["text"]) is None  # not the model's input
+    assert blank_column({"text_a": "ok", "text_b": "\n"}, ["text_a", "text_b"]) == "text_b"
+
+
+def test_input_rows_know_their_line_or_row(tmp_path):
+    from components.lifecycle.inference import read_numbered
+
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c"}\n')
+    assert [[p for p, _ in b] for b in read_numbered(tmp_path / "in.jsonl", 2)] == \
+        [["line 1", "line 3"], ["line 4"]]
+    # A blank line of a CSV file is a row (of empty cells), not silently skipped.
+    (tmp_path / "in.csv").write_text("text\na\n\nc\n")
+    assert [[(p, r["text"]) for p, r in b] for b in read_numbered(tmp_path / "in.csv", 2)] == \
+        [[("row 1", "a"), ("row 2", "")], [("row 3", "c")]]
+
+
+# The CLI: one line naming what is wrong and what exists ------------------------------------------
+
+@pytest.fixture(scope="module")
+def registry_project(models, tmp_path_factory) -> Path:
+    """A project whose registry holds TASKS, each a champion, registered as the pipeline does."""
+    from components.core import tracking
+    from components.core.config import load_params
+    from components.lifecycle import registry
+
+    root = tmp_path_factory.mktemp("registry")
+    params = write_params(root, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    p = load_params(params)
+    client = tracking.client(p.tracking, root)
+    with tracking.mlflow_run(p.tracking, root, "registry") as run:
+        for name, (kind, _, example) in TASKS.items():
+            registry.register_task(client, run, name, kind, models[name], example, "accuracy", 0.5, {})
+    return root
+
+
+def _fails_in_one_line(cwd: Path, *args: str) -> str:
+    """`bertflow ARGS` exits 1 with a single `error: ...` line on stderr; returns that line."""
+    proc = run_cli("bertflow", *args, cwd=cwd, check=False)
+    assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr[-3000:])
+    return lines[0]
+
+
+UNKNOWN = {
+    ("predict", "nope", "--text", "hi"): "no registered model 'nope' (registered: reviews, same-topic)",
+    ("predict", "reviews", "--model", "models:/reviews/9", "--text", "hi"):
+        "registered model 'reviews' has no version 9 (versions 1; aliases candidate -> 1, champion -> 1)",
+    ("export-hf", "nope", "out"): "no registered model 'nope' (registered: reviews, same-topic)",
+    ("export-hf", "reviews", "out", "--ref", "gold"):
+        "registered model 'reviews' has no alias 'gold' (versions 1; aliases candidate -> 1, champion -> 1)",
+    ("lineage", "nope@champion"): "no registered model 'nope' (registered: reviews, same-topic)",
+    ("lineage", "reviews/3"): "has no version 3 (versions 1;",
+    ("registry", "promote", "nope", "1"): "no registered model 'nope' (registered:",
+    ("registry", "promote", "reviews", "2"): "has no version 2 (versions 1;",
+    ("registry", "rollback", "nope"): "no registered model 'nope' (registered:",
+    ("fill-mask", "a [MASK]"): "no registered model 'encoder' (registered: reviews, same-topic); "
+                               "or give --model FOLDER",
+    ("embed", "--text", "hi", "--model", "nowhere"): "nowhere/bertflow.json: missing",
+}
+
+
+@pytest.mark.slow
+def test_unknown_tasks_models_aliases_and_versions_are_one_line_naming_what_exists(registry_project):
+    for args, expected in UNKNOWN.items():
+        assert expected in _fails_in_one_line(registry_project, *args), args
+    assert not (registry_project / "out").exists()
+    # Known names still work: the champion without an alias, and an export by alias.
+    chain = run_cli("bertflow", "lineage", "reviews", cwd=registry_project).stdout
+    assert chain.startswith("reviews = reviews version 1 ")
+    run_cli("bertflow", "export-hf", "reviews", str(registry_project / "hf"), "--ref", "candidate",
+            cwd=registry_project)
+    assert (registry_project / "hf" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_a_project_without_a_registry_says_so_and_creates_none(tmp_path):
+    write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    for args in (("predict", "reviews", "--text", "hi"), ("lineage", "reviews"),
+                 ("registry", "rollback", "reviews"), ("export-hf", "reviews", "out")):
+        line = _fails_in_one_line(tmp_path, *args)
+        assert "no registry here yet" in line and "run `bertflow run` first" in line
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_predict_names_each_blank_text_by_where_it_is(registry_project):
+    root = registry_project
+    cases = {("--text", "fine", "--text", "  "): "error: --text 2 of 2: empty or whitespace-only text",
+             ("--text", "a", "--text-b", ""): "error: --text-b 1 of 1: empty or whitespace-only text"}
+    for args, expected in cases.items():
+        task = "same-topic" if "--text-b" in args else "reviews"
+        assert _fails_in_one_line(root, "predict", task, *args) == expected
+    (root / "in.jsonl").write_text('{"text": "a great film"}\n\n{"text": "\\t"}\n')
+    (root / "in.csv").write_text('text,note\n"a great film",x\n"  ",y\n')
+    (root / "pairs.jsonl").write_text('{"text_a": "a film", "text_b": " "}\n')
+    assert _fails_in_one_line(root, "predict", "reviews", "--file", "in.jsonl", "--out", "o.jsonl") == \
+        "error: in.jsonl, line 3: 'text' is empty or whitespace only"
+    assert _fails_in_one_line(root, "predict", "reviews", "--file", "in.csv") == \
+        "error: in.csv, row 2: 'text' is empty or whitespace only"
+    assert _fails_in_one_line(root, "predict", "same-topic", "--file", "pairs.jsonl") == \
+        "error: pairs.jsonl, line 1: 'text_b' is empty or whitespace only"
+    assert not (root / "o.jsonl").exists()
+    answers = run_cli("bertflow", "predict", "reviews", "--text", "a great film", cwd=root).stdout
+    assert json.loads(answers)["label"] in TASKS["reviews"][1]
+
+
+# Metrics: a readable default ---------------------------------------------------------------------
+
+def test_dvc_declares_only_the_headline_stats_as_metrics_and_every_stats_file_as_an_output():
+    from pipeline.stages import STAGES
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    declared, metrics = set(), set()
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        for kind in ("outs", "metrics"):
+            for entry in body.get(kind, []):
+                path, options = next(iter(entry.items())) if isinstance(entry, dict) else (entry, {})
+                declared.add(path)
+                if kind == "metrics":
+                    metrics.add(path)
+                if path.endswith("_stats.json"):
+                    assert options.get("cache") is False, (name, path)  # kept in git, as before
+        stats = ("${paths.metrics}/tasks/${key}/" if STAGES[name].per_task else "${paths.metrics}/") \
+            + f"{name}_stats.json"
+        assert stats in declared, name
+    assert metrics == {"${paths.metrics}/pretrain_stats.json", "${paths.metrics}/transfer_stats.json"}
+    assert "${paths.metrics}/transfer_stats.json" in declared
+
+
+def test_dvc_metrics_show_fits_a_screen():
+    proc = run_cli("dvc", "metrics", "show", "--json", cwd=ROOT)
+    files = json.loads(proc.stdout)[""]["data"]
+    columns = {key for f in files.values() for key in _flat(f.get("data", {}))}
+    assert set(files) == {"metrics/pretrain_stats.json", "metrics/transfer_stats.json"}
+    assert len(columns) <= 30, sorted(columns)
+
+
+def _flat(data: dict, prefix: str = "") -> list[str]:
+    return [k for key, v in data.items()
+            for k in (_flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [prefix + key])]
+
+
+def test_bertflow_metrics_prints_each_stage_and_each_tasks_scores(tmp_path):
+    write_params(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
+    shutil.copytree(ROOT / "metrics", tmp_path / "metrics", ignore=shutil.ignore_patterns("*.png", "*.csv"))
+    out = run_cli("bertflow", "metrics", cwd=tmp_path).stdout
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 130
+    pretrain = json.loads((ROOT / "metrics" / "pretrain_stats.json").read_text())
+    assert any(line.startswith("pretrain ") and f"mlm_accuracy {pretrain['mlm_accuracy']:.4g}" in line
+               for line in lines)
+    transfer = json.loads((ROOT / "metrics" / "transfer.json").read_text())
+    tasks = list(yaml.safe_load((ROOT / "params.yaml").read_text())["finetune"]["tasks"])
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in transfer]
+    assert [r[0] for r in rows] == tasks  # in params order
+    for row in rows:
+        t = transfer[row[0]]
+        assert f"{100 * t['pretrained']['mean']:.1f}" == row[3]
+        assert f"{100 * t['scratch']['mean']:.1f}" == row[6]
+    # Before any run: says so, per stage.
+    empty = tmp_path / "empty"
+    write_params(empty, yaml.safe_load((ROOT / "params.yaml").read_text()))
+    assert "transfer: not run yet" in run_cli("bertflow", "metrics", cwd=empty).stdout
+
+
+# Docker: a checkout owned by another uid ---------------------------------------------------------
+
+def test_the_image_trusts_the_mounted_checkout_for_any_uid_and_says_how_to_run_as_its_owner():
+    docker = (ROOT / "Dockerfile").read_text()
+    assert "git config --system --add safe.directory /work" in docker and "WORKDIR /work" in docker
+    assert "chmod 1777 /home/bertflow" in docker and "HOME=/home/bertflow" in docker
+    assert 'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:/work" bertflow run' in docker
+    assert '--user "$(id -u):$(id -g)"' in (ROOT / "docs" / "lifecycle.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_a_checkout_of_another_uid_records_its_commit_once_marked_safe_or_warns(tmp_path):
+    # As in the container: the checkout belongs to another uid (the host user) and git, run by
+    # this one, finds it "dubious". The image marks /work safe in the system git config; here a
+    # system config file of the same content, for this checkout, stands in for it.
+    checkout = Path(tempfile.mkdtemp(prefix="bertflow-mount-"))
+    try:
+        (checkout / "data" / "user").mkdir(parents=True)
+        docs = [{"text": f"Report {i} opens here. It says something about topic {i}. Then it ends."}
+                for i in range(20)]
+        (checkout / "data" / "user" / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+        write_params(checkout, small_params(
+            ingest={"sources": [{"name": "mine", "kind": "jsonl", "path": "data/user/docs.jsonl"}]},
+            tracking={"uri": "sqlite:///mlflow.db"}))
+        for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "mine"]):
+            run_cli(*cmd, cwd=checkout)
+        commit = run_cli("git", "rev-parse", "HEAD", cwd=checkout).stdout.strip()
+        shutil.chown(checkout, 12345, 12345)
+        for path in checkout.rglob("*"):
+            os.chown(path, 12345, 12345, follow_symlinks=False)
+        home = tmp_path / "home"
+        home.mkdir()
+        (tmp_path / "gitconfig").write_text(f"[safe]\n\tdirectory = {checkout}\n")
+        env = {"PATH": f"{BIN}{os.pathsep}/usr/bin:/bin", "HOME": str(home), "USER": "bertflow"}
+
+        unsafe = subprocess.run(["bertflow", "stage", "ingest"], cwd=checkout, capture_output=True,
+                                text=True, env={**env, "GIT_CONFIG_SYSTEM": os.devnull})
+        assert unsafe.returncode == 0, unsafe.stderr[-3000:]
+        assert f"warning: git cannot read {checkout} (fatal: detected dubious ownership" in unsafe.stderr
+        assert '--user "$(id -u):$(id -g)"' in unsafe.stderr
+        safe = subprocess.run(["bertflow", "stage", "ingest"], cwd=checkout, capture_output=True,
+                              text=True, env={**env, "GIT_CONFIG_SYSTEM": str(tmp_path / "gitconfig")})
+        assert safe.returncode == 0 and "warning: git" not in safe.stderr, safe.stderr[-3000:]
+
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{checkout / 'mlflow.db'}")
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  order_by=["attributes.start_time ASC"])
+        assert [r.data.tags["git.commit"] for r in runs] == ["none", commit]
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
