@@ -86,6 +86,44 @@ def rollback(task: str, params: ParamsOption = Path("params.yaml")) -> None:
     typer.echo(f"{task}: version {do_rollback(registry_client(params), task)} is champion again")
 
 
+@registry_app.command()
+def sync(params: ParamsOption = Path("params.yaml")) -> None:
+    """Register the models this checkout holds (after `dvc pull` in a clone) with their lineage,
+    as a run's registry step does; already registered ones (same content) are left as they are."""
+    from pipeline.publish import sync as do_sync
+
+    outcome, missing = do_sync(params)
+    for name, r in outcome.items():
+        champion = f", champion {r['champion']}" if r["champion"] else ""
+        typer.echo(f"{name}: version {r['version']}{champion}: {r['reason']}")
+    for task in missing:
+        typer.echo(f"{task}: no evaluated model in this checkout (`dvc pull`, or `bertflow run`)")
+
+
+tracking_app = typer.Typer(no_args_is_help=True, help="The project's own MLflow store (sqlite).")
+app.add_typer(tracking_app, name="tracking")
+
+
+@tracking_app.command()
+def relocate(
+    source: Annotated[Path | None, typer.Option("--from", help="The folder the project was copied or "
+                                                "moved from [default: found from the store].")] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Point a copied or moved project's mlflow.db at this folder's artifacts (it pins absolute
+    paths); the old folder is neither read nor written."""
+    from components.core import tracking
+    from components.core.config import load_params
+
+    params = params.resolve()
+    done = tracking.relocate_store(load_params(params).tracking, params.parent, source)
+    if not done:
+        typer.echo(f"{params.parent}: the store's artifact locations are this folder's already")
+    for old, counts in done.items():
+        typer.echo(f"{old} -> {params.parent}: " + (", ".join(f"{n} {where}" for where, n in counts.items())
+                                                   or "nothing held that folder"))
+
+
 @app.command()
 def lineage(
     ref: Annotated[str, typer.Argument(help="TASK@ALIAS (champion, candidate), TASK/VERSION, or "

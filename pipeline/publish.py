@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from components.core.config import Params, load_params, to_dict
+from components.core.errors import BertflowError
 from components.core.io import read_json
 from components.model.metadata import read_task_model_info
 
@@ -45,9 +46,9 @@ def _example(task_dir: Path, kind: str, rows: int = 3) -> list[dict]:
 
 
 def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = None,
-            run_key: str | None = None) -> dict[str, dict]:
+            run_key: str | None = None, trigger: str = "pipeline") -> dict[str, dict]:
     """Register the encoder and the exported models of `tasks` that have been evaluated
-    (attempts with one `run_key` share one MLflow run)."""
+    (attempts with one `run_key` share one MLflow run; `trigger` says who asked)."""
     from components.core import tracking
     from components.lifecycle import registry
 
@@ -57,7 +58,8 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
     models = root / p.paths.models
     outcome: dict[str, dict] = {}
     with tracking.mlflow_run(p.tracking, root, "registry", parent_run_id=parent_run_id,
-                      tags={"bertflow.stage": "registry", **code}, key=run_key) as run:
+                             tags={"bertflow.stage": "registry", "bertflow.registry_trigger": trigger,
+                                   **code}, key=run_key) as run:
         client = run.client
         encoder_version = None
         if (models / "encoder" / "bertflow.json").exists():
@@ -87,6 +89,29 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             log.info("registry: %s: %s", task, done.reason)
         run.set_tags({f"registry.{name}": r["reason"] for name, r in outcome.items()})
     return outcome
+
+
+def sync(params_path: Path) -> tuple[dict[str, dict], list[str]]:
+    """`bertflow registry sync`: register the models this checkout holds (a clone's, after `dvc
+    pull`) as the pipeline's registry step does, with their lineage; what is registered already
+    (by content hash) is not registered again. (outcome per model, tasks with no model here)."""
+    from pipeline import versioning
+
+    params_path = Path(params_path).resolve()
+    root, p = params_path.parent, load_params(params_path)
+    tasks = list(p.finetune.tasks)
+    if versioning.tracks(params_path):
+        stages = ["pretrain", *(f"{stage}@{t}" for t in tasks for stage in ("finetune", "evaluate"))]
+        # A model edited since dvc.lock would be registered with dvc.lock's lineage: refused.
+        # A missing one is only left out (not pulled, or its task not run yet).
+        modified = [path for path, how in versioning.changed_outs(root, *stages).items()
+                    if how == "modified"]
+        if modified:
+            raise BertflowError(f"{', '.join(sorted(modified))}: differs from dvc.lock, so its lineage "
+                                "is unknown: restore it (`dvc checkout --force`), or `bertflow run` and "
+                                "commit dvc.lock, then sync")
+    outcome = publish(params_path, tasks, trigger="registry sync")
+    return outcome, [t for t in tasks if t not in outcome]
 
 
 def _stats(path: Path) -> dict:

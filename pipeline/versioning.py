@@ -87,6 +87,15 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
     return tags
 
 
+def changed_outs(root: Path, *stages: str) -> dict[str, str]:
+    """{path: how} of the stages' outputs that differ from what dvc.lock records ("modified",
+    "deleted", "not in cache"); empty when the workspace holds exactly dvc.lock's outputs."""
+    with _repo(root) as repo:
+        status = repo.status(targets=list(stages))
+    return {path: how for entries in status.values() for entry in entries if isinstance(entry, dict)
+            for path, how in entry.get("changed outs", {}).items()}
+
+
 def tracks(params_path: Path) -> bool:
     """Whether DVC keeps the books of a run with this params file: the params.yaml of a DVC
     project (another params file runs every stage, outside dvc.lock)."""

@@ -1,7 +1,9 @@
 """MLflow runs: one per pipeline run, one nested per stage, with params, stats and lineage tags.
 
 Uses the explicit `MlflowClient` (no process-global active run), so stages can run in any thread
-or process and nest under a parent run by id. Imports no other stage module.
+or process and nest under a parent run by id. Imports no other stage module. The project's own
+sqlite store is checked, once per process, to keep its artifacts inside the project: a moved or
+copied project is refused until `bertflow tracking relocate` (see components/core/relocation.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.core import relocation
 from components.core.config import TrackingConfig, flatten
+from components.core.errors import BertflowError
 from components.core.redact import redact
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -22,14 +26,65 @@ KEY_TAG = "bertflow.run_key"  # who owns the run: retries of one Prefect task ru
 ATTEMPTS_TAG = "bertflow.attempts"
 ERROR_TAG = "bertflow.error"
 _MAX_PARAM = 6000  # MLflow's limit on a param value
+_SQLITE = "sqlite:///"
+_CHECKED: set[tuple[Path, Path]] = set()  # (store, project) pairs found to match, this process
+
+
+def store_path(cfg: TrackingConfig, root: Path) -> Path | None:
+    """The project's own store: the sqlite file of a relative sqlite URI; None for any other
+    (an absolute sqlite path or a tracking server is shared, and not the project's to check)."""
+    if cfg.uri.startswith(_SQLITE) and not cfg.uri.startswith(_SQLITE + "/"):
+        return (root / cfg.uri[len(_SQLITE):]).resolve()
+    return None
 
 
 def tracking_uri(cfg: TrackingConfig, root: Path) -> str:
-    """The tracking URI, with a relative sqlite path taken from the project root."""
-    prefix = "sqlite:///"
-    if cfg.uri.startswith(prefix) and not cfg.uri.startswith(prefix + "/"):
-        return prefix + str((root / cfg.uri[len(prefix):]).resolve())
-    return cfg.uri
+    """The tracking URI, with a relative sqlite path taken from the project root; that store is
+    checked to keep its artifacts in this project (see check_store)."""
+    db = store_path(cfg, root)
+    if db is None:
+        return cfg.uri
+    check_store(cfg, root)
+    return _SQLITE + str(db)
+
+
+def _allowed(cfg: TrackingConfig, root: Path) -> list[Path]:
+    """Where the store's file artifacts may lie: the project, and a configured folder outside it."""
+    external = relocation.local_path(artifact_location(cfg, root))
+    return [root.resolve(), *([external] if external else [])]
+
+
+def check_store(cfg: TrackingConfig, root: Path) -> None:
+    """Refuse a project's own store that keeps artifacts outside the project: the project was
+    moved or copied, and would read and write the old folder's artifacts. Once per process."""
+    db = store_path(cfg, root)
+    if db is None or (db, root.resolve()) in _CHECKED or not db.exists():
+        return
+    stale = relocation.stale_location(db, cfg.experiment, _allowed(cfg, root))
+    if stale is not None:
+        raise BertflowError(f"{db} keeps artifacts at {stale}, outside this project ({root.resolve()}): "
+                            "the project was moved or copied; run `bertflow tracking relocate` "
+                            "to point the store at this folder")
+    _CHECKED.add((db, root.resolve()))
+
+
+def relocate_store(cfg: TrackingConfig, root: Path, old: Path | None = None) -> dict[Path, dict[str, int]]:
+    """Rewrite the artifact locations of the project's own store from the folder it was copied
+    or moved from (`old`, else found from the stale locations) to `root`; {old folder: counts}."""
+    db = store_path(cfg, root)
+    if db is None:
+        raise BertflowError(f"tracking.uri {cfg.uri} is not a project-local sqlite store: "
+                            "nothing to relocate (a tracking server keeps its own locations)")
+    if not db.exists():
+        raise BertflowError(f"{db}: no MLflow store here yet, nothing to relocate")
+    root = root.resolve()
+    olds = [old.resolve()] if old else relocation.old_roots(db, cfg.experiment, _allowed(cfg, root), root)
+    done = {o: relocation.relocate(db, o, root) for o in olds}
+    if (stale := relocation.stale_location(db, cfg.experiment, _allowed(cfg, root))) is not None:
+        raise BertflowError(f"{db} still keeps artifacts at {stale}, and no file of {root} matches "
+                            "it: name the folder the project came from with `bertflow tracking "
+                            "relocate --from OLD_FOLDER`")
+    return done
 
 
 def artifact_location(cfg: TrackingConfig, root: Path) -> str:
