@@ -63,8 +63,8 @@ def check_store(cfg: TrackingConfig, root: Path) -> None:
     stale = relocation.stale_location(db, cfg.experiment, _allowed(cfg, root))
     if stale is not None:
         raise BertflowError(f"{db} keeps artifacts at {stale}, outside this project ({root.resolve()}): "
-                            "the project was moved or copied; run `bertflow tracking relocate` "
-                            "to point the store at this folder")
+                            "the project was moved or copied (or is mounted elsewhere, as in a "
+                            "container); run `bertflow tracking relocate` to point the store at this folder")
     _CHECKED.add((db, root.resolve()))
 
 
