@@ -287,5 +287,7 @@ def test_a_checkout_of_another_uid_records_its_commit_once_marked_safe_or_warns(
         runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                   order_by=["attributes.start_time ASC"])
         assert [r.data.tags["git.commit"] for r in runs] == ["none", commit]
+        assert "dubious ownership" in runs[0].data.tags["git.error"]  # why, in MLflow too
+        assert "git.error" not in runs[1].data.tags
     finally:
         shutil.rmtree(checkout, ignore_errors=True)

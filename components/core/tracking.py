@@ -221,13 +221,15 @@ def mlflow_run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str
 
 
 def git_state(root: Path) -> dict[str, str]:
-    """Lineage tags for the code: commit, and whether tracked files differ from it."""
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-        return proc.stdout.strip() if proc.returncode == 0 else ""
+    """Lineage tags for the code: commit, and whether tracked files differ from it; with no
+    commit, `git.error` says why (not a repository, git refusing another user's checkout...)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
 
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return {"git.commit": "none"}
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0 or not head.stdout.strip():
+        reason = (head.stderr.strip().splitlines() or ["no commit"])[0]
+        return {"git.commit": "none", "git.error": reason[:500]}
+    commit = head.stdout.strip()
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip())
     return {"git.commit": commit, "git.dirty": str(dirty).lower()}
