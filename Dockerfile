@@ -1,14 +1,17 @@
-# The pipeline in a container: `bertflow` as entry point, run on a checkout mounted at /work.
+# The pipeline in a container: `bertflow` as entry point, run on a mounted checkout.
 #
 # CPU (default):  docker build -t bertflow .
 # CUDA:           docker build -t bertflow:cuda \
 #                   --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
 #                   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
-# Run:            docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:/work" bertflow run
-#                 docker run --rm --gpus all --user "$(id -u):$(id -g)" -v "$PWD:/work" bertflow:cuda run
-# Serve a model:  docker run --rm -p 127.0.0.1:5000:5000 --user "$(id -u):$(id -g)" -v "$PWD:/work" \
-#                   -e MLFLOW_TRACKING_URI=sqlite:////work/mlflow.db --entrypoint mlflow bertflow \
+# Run:            docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:$PWD" -w "$PWD" \
+#                   -e PYTHONPATH="$PWD" bertflow run              (add --gpus all with :cuda)
+# Serve a model:  docker run --rm -p 127.0.0.1:5000:5000 --user "$(id -u):$(id -g)" \
+#                   -v "$PWD:$PWD" -w "$PWD" -e MLFLOW_TRACKING_URI="sqlite:///$PWD/mlflow.db" \
+#                   --entrypoint mlflow bertflow \
 #                   models serve -m models:/movie-sentiment@champion --env-manager local -h 0.0.0.0
+# The checkout at its own path: mlflow.db keeps absolute artifact locations, which then hold
+# inside and outside the container (at /work it is a project of another path).
 # --user: the mounted checkout is the host user's; run as that uid, the container can write it
 # and what it writes stays the host user's. Without it the image runs as uid 10001, and
 # `bertflow run` refuses a checkout it cannot write, naming both uids.
@@ -38,11 +41,12 @@ RUN apt-get update \
     && python3 -m venv /opt/venv \
     && useradd --create-home --uid 10001 bertflow \
     && chmod 1777 /home/bertflow \
-    && git config --system --add safe.directory /work
-# The checkout at /work belongs to the host user, not to the uid git runs as: git refuses such a
-# repository ("dubious ownership"), and the runs would record git.commit none, unless /work is
-# marked safe (system-wide: for any uid). Under --user the uid has no passwd entry and no home:
-# HOME (writable by any uid) and USER are set for the tools that look them up (git, DVC, MLflow).
+    && git config --system --add safe.directory '*'
+# The mounted checkout belongs to the host user, maybe not to the uid git runs as: git refuses
+# such a repository ("dubious ownership"), and the runs would record git.commit none, unless it
+# is marked safe (any path, for any uid: whatever is mounted here is the user's own). Under --user
+# the uid has no passwd entry and no home: HOME (writable by any uid) and USER are set for the
+# tools that look them up (git, DVC, MLflow).
 ENV HOME=/home/bertflow \
     USER=bertflow \
     LOGNAME=bertflow
@@ -59,7 +63,8 @@ RUN pip install .
 
 USER 10001
 WORKDIR /work
-# Run the code of the checkout mounted at /work (the code dvc.lock hashes), not the copy above.
+# Run the code of the mounted checkout (the code dvc.lock hashes), not the copy above; at its
+# own path, pass -e PYTHONPATH="$PWD".
 ENV PYTHONPATH=/work
 ENTRYPOINT ["bertflow"]
 CMD ["--help"]
