@@ -241,12 +241,70 @@ def export_hf(
                "(load with transformers' from_pretrained)")
 
 
+PrefectPortOption = Annotated[int, typer.Option(
+    "--port", help="Port of the project's Prefect server (a free one if taken).")]
+
+
 @app.command()
-def serve(params: ParamsOption = Path("params.yaml")) -> None:
-    """Serve the scheduled pipeline (params `schedule`) as a Prefect deployment; Ctrl-C stops."""
+def serve(
+    params: ParamsOption = Path("params.yaml"),
+    until: Annotated[str | None, typer.Option(help="Scheduled runs stop after this stage.")] = None,
+    port: PrefectPortOption = 4200,
+) -> None:
+    """Serve the scheduled pipeline (params `schedule`) as a Prefect deployment; Ctrl-C stops.
+    Without PREFECT_API_URL it runs on the project's own Prefect server (in .prefect/), started
+    here and stopped on exit unless `bertflow server start` started it."""
     from pipeline.schedule import serve as serve_schedule
 
-    serve_schedule(params)
+    serve_schedule(params, until, port)
+
+
+server_app = typer.Typer(no_args_is_help=True, help="The project's own Prefect server (database in "
+                         ".prefect/), on 127.0.0.1: its UI, and where `bertflow serve` schedules.")
+app.add_typer(server_app, name="server")
+
+
+@server_app.command("start")
+def server_start(port: PrefectPortOption = 4200, params: ParamsOption = Path("params.yaml")) -> None:
+    """Start the project's Prefect server in the background; it stays up until `server stop`."""
+    from pipeline import prefect_server
+
+    root = params.resolve().parent
+    if problem := prefect_server.scheduler_problem():
+        typer.echo(f"warning: {problem}", err=True)
+    server, started = prefect_server.start(root, port, say=typer.echo)
+    typer.echo(f"Prefect UI: {server.url} ({'started' if started else 'already running'}, pid "
+               f"{server.pid}{', stops with bertflow serve' if server.owner else ''})\n"
+               f"`bertflow serve` uses it; for `bertflow run` too: export PREFECT_API_URL={server.api_url}")
+
+
+@server_app.command("stop")
+def server_stop(params: ParamsOption = Path("params.yaml")) -> None:
+    """Stop the project's Prefect server (its database stays in .prefect/)."""
+    from pipeline import prefect_server
+
+    root = params.resolve().parent
+    owned = prefect_server.running(root)
+    if owned and owned.owner is not None and prefect_server.is_alive(owned.owner):
+        raise BertflowError(f"`bertflow serve` (pid {owned.owner}) runs this server; stop that "
+                            "(Ctrl-C, or kill it) and the server stops with it")
+    server = prefect_server.stop(root)
+    typer.echo(f"stopped the Prefect server on port {server.port}" if server else
+               "no Prefect server of this project is running")
+
+
+@server_app.command("status")
+def server_status(params: ParamsOption = Path("params.yaml")) -> None:
+    """Whether the project's Prefect server runs, and where its UI is; exit code 1 if not."""
+    from pipeline import prefect_server
+
+    server = prefect_server.running(params.resolve().parent)
+    if server is None:
+        typer.echo("not running (`bertflow server start` starts it)")
+        raise typer.Exit(1)
+    state = "running" if prefect_server.healthy(server.api_url) else "starting (not answering yet)"
+    typer.echo(f"{state}: Prefect UI {server.url}, pid {server.pid}"
+               f"{f', stops with bertflow serve (pid {server.owner})' if server.owner else ''}")
 
 
 @app.command()
