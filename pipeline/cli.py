@@ -24,9 +24,12 @@ def run(
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.config import load_params
+    from components.core.tracking import check_store
     from pipeline.stages import plan
 
-    plan(load_params(params), until)  # refuse bad params or a bad stage before Prefect starts
+    p = load_params(params)
+    plan(p, until)  # refuse bad params, a bad stage or a moved store before Prefect starts
+    check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     from pipeline.flow import pipeline_flow
 
@@ -254,8 +257,11 @@ def serve(
     """Serve the scheduled pipeline (params `schedule`) as a Prefect deployment; Ctrl-C stops.
     Without PREFECT_API_URL it runs on the project's own Prefect server (in .prefect/), started
     here and stopped on exit unless `bertflow server start` started it."""
+    from components.core.config import load_params
+    from components.core.tracking import check_store
     from pipeline.schedule import serve as serve_schedule
 
+    check_store(load_params(params).tracking, params.resolve().parent)  # not in every scheduled run
     serve_schedule(params, until, port)
 
 

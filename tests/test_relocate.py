@@ -132,3 +132,18 @@ def test_only_the_projects_own_store_is_checked(made, tmp_path):
         run.log_artifact(old / "data" / "model", "m")
     tracking.check_store(outside, tmp_path / "e")
     assert (tmp_path / "shared").is_dir()
+
+
+@pytest.mark.parametrize("command", [["run"], ["serve"]])
+def test_run_and_serve_refuse_a_copied_store_before_prefect_starts(made, tmp_path, command):
+    """Not after Prefect's start and a traceback (run), nor in every scheduled run (serve)."""
+    from tests.conftest import run_cli, small_params, write_params
+
+    copy = tmp_path / "copy"
+    shutil.copytree(made, copy)
+    write_params(copy, small_params(tracking={"uri": CFG.uri, "artifacts": CFG.artifacts,
+                                              "experiment": CFG.experiment}))
+    out = run_cli("bertflow", *command, cwd=copy, check=False)
+    assert out.returncode == 1 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert out.stderr.startswith("error: ") and "bertflow tracking relocate" in out.stderr
+    assert not (copy / ".prefect").exists()  # serve started no server
