@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-PREFECT_HINT = ("Prefect UI: `prefect server start` (it listens on http://127.0.0.1:4200), then "
-                "`export PREFECT_API_URL=http://127.0.0.1:4200/api` before `bertflow run`.")
+PREFECT_HINT = ("Prefect UI: `bertflow server start` (the project's server, on http://127.0.0.1:4200), "
+                "then `export PREFECT_API_URL=http://127.0.0.1:4200/api` before `bertflow run`.")
 
 
 def mlflow_ui_command(params: Path, host: str, port: int) -> list[str]:

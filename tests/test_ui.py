@@ -67,7 +67,7 @@ def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_pa
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
         output = proc.communicate(timeout=60)[0]
-    assert f"MLflow UI: {url}" in output and "prefect server start" in output
+    assert f"MLflow UI: {url}" in output and "bertflow server start" in output
     time.sleep(1)
     with pytest.raises(httpx.TransportError):  # the server and its workers are gone
         httpx.get(url, timeout=5)
