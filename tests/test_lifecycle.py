@@ -1,12 +1,22 @@
 """The model lifecycle on a small real project: the registry with champion/challenger and
 lineage, the pyfunc model on raw text, `bertflow predict`, REST serving with `mlflow models
-serve`, the transformers export, the DVC push/pull round trip and a scheduled run triggered
-through a Prefect server. The tests share one project and run in file order."""
+serve`, the transformers export, the DVC push/pull round trip, a scheduled run triggered
+through a Prefect server, and a project that travels:
+
+- copied: the copy's commands refuse its mlflow.db (which names the old folder) in one line,
+  `bertflow tracking relocate` points it at the copy, and then the copy predicts and writes
+  artifacts of its own while the original's files stay as they were;
+- cloned: committed (dvc.lock, metrics) and pushed, a `git clone` with `dvc pull` and
+  `bertflow registry sync` has the original's committed models as champions (by content hash)
+  and predicts as they do.
+
+The tests share one project and run in file order; each holds whatever ran before it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +27,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, make_task_project, run_cli
+from tests.test_relocate import snapshot
 
 pytestmark = pytest.mark.slow
 TASKS = {
@@ -378,3 +389,115 @@ def test_the_report_holds_every_stage_task_and_model_and_needs_no_network(projec
     assert all(f"<td>{transfer[task]['steps']['pretrained']['mean']:,.0f} ± " in cost for task in TASKS)
     images = re.findall(r'src="data:image/png;base64,', page)
     assert len(images) >= 1 + len(TASKS)  # the pretraining curve, at least a plot per task
+
+
+# A project that travels --------------------------------------------------------------------------
+
+TEXTS = ["the film number 7 was great", "the film number 8 was awful", "a film"]
+
+
+def _predict(repo: Path, model: str | None = None) -> str:
+    texts = [a for t in TEXTS for a in ("--text", t)]
+    return run_cli("bertflow", "predict", "reviews", *texts, *(["--model", model] if model else []),
+                   cwd=repo).stdout
+
+
+def _checkout_versions(repo: Path) -> dict[str, str]:
+    """Per model (the encoder, reviews): the version of `repo`'s registry that holds the model its
+    checkout holds, found by content hash. After earlier tests that is not always the champion
+    (a worse model registered as candidate, a rollback), and only the checkout's model travels."""
+    from components.core.config import load_params
+    from components.lifecycle import registry
+
+    models = repo / load_params(repo / "params.yaml").paths.models
+    client = _client(repo)
+    out = {}
+    for name, folder in (("encoder", models / "encoder"), ("reviews", models / "tasks/reviews/model")):
+        sha = registry.model_sha256(folder)
+        (version,) = [v.version for v in client.search_model_versions(f"name='{name}'")
+                      if v.tags.get(registry.SHA) == sha]
+        out[name] = str(version)
+    return out
+
+
+def _registered(repo: Path, versions: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Per model: the content hash and the DVC lineage of a version: `versions`', or by default
+    the champion (the encoder: its latest version, which is not challenged)."""
+    from components.core import tracking
+    from components.core.config import load_params
+    from components.lifecycle import registry
+
+    client = tracking.client(load_params(repo / "params.yaml").tracking, repo)
+    out = {}
+    for name, alias in (("encoder", registry.CANDIDATE), ("reviews", registry.CHAMPION)):
+        found = client.get_model_version(name, versions[name]) if versions else \
+            client.get_model_version_by_alias(name, alias)
+        out[name] = {k: v for k, v in found.tags.items() if k == registry.SHA or k.startswith("dvc.")}
+    return out
+
+
+def test_a_copy_refuses_the_old_store_until_relocated_and_then_uses_only_its_own(project, tmp_path):
+    # The original as it is now (earlier tests may have registered, promoted and rolled back).
+    answers = _predict(project)
+    client = _client(project)
+    row = ["reviews", str(len(client.search_model_versions("name='reviews'"))),
+           str(client.get_model_version_by_alias("reviews", "champion").version)]
+    before = {name: snapshot(project / name) for name in ("mlartifacts", "data")}
+    db_before = snapshot(project)["mlflow.db"]
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy, symlinks=True)
+
+    for command in (["registry", "list"], ["predict", "reviews", "--text", TEXTS[0]]):
+        refused = run_cli("bertflow", *command, cwd=copy, check=False)
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert (project / "mlartifacts").as_uri() in refused.stderr
+        assert "bertflow tracking relocate" in refused.stderr
+
+    moved = run_cli("bertflow", "tracking", "relocate", cwd=copy).stdout
+    assert moved.startswith(f"{project} -> {copy}: ") and "model_versions.source" in moved
+    assert _predict(copy) == answers
+    listing = run_cli("bertflow", "registry", "list", cwd=copy).stdout
+    assert any(line.split()[:3] == row for line in listing.splitlines()), (row, listing)
+    # A stage logs its artifacts into the copy's folder.
+    artifacts = set((copy / "mlartifacts").iterdir())
+    run_cli("bertflow", "stage", "transfer", cwd=copy)
+    (new_run,) = set((copy / "mlartifacts").iterdir()) - artifacts
+    assert any(p.is_file() for p in new_run.rglob("transfer.md"))
+
+    assert {name: snapshot(project / name) for name in before} == before
+    assert snapshot(project)["mlflow.db"] == db_before
+
+
+def test_a_clone_with_dvc_pull_and_registry_sync_has_the_same_champions_and_predictions(project, tmp_path):
+    # What a user commits after `make run`: dvc.lock (the data versions a clone pulls) and
+    # metrics/ (stats files DVC keeps in git, not in the remote); an earlier test may have
+    # committed them already.
+    run_cli("git", "add", "dvc.lock", "metrics", cwd=project)
+    if run_cli("git", "diff", "--cached", "--quiet", cwd=project, check=False).returncode:
+        run_cli("git", "commit", "-qm", "results", cwd=project)
+    run_cli("dvc", "push", cwd=project)
+    clone = tmp_path / "clone"
+    run_cli("git", "clone", "-q", str(project), str(clone), cwd=tmp_path)
+    run_cli("dvc", "remote", "modify", "--local", "local", "url", str(project / ".dvc-storage"), cwd=clone)
+    run_cli("dvc", "pull", cwd=clone)
+
+    synced = run_cli("bertflow", "registry", "sync", cwd=clone).stdout
+    assert "encoder: version 1" in synced, synced
+    for task in TASKS:
+        assert f"{task}: version 1, champion 1: first champion" in synced, synced
+    # The clone's champions are the original's committed models (its champions after a plain
+    # run; a champion that is not the committed model does not travel, see docs/lifecycle.md).
+    committed = _checkout_versions(project)
+    assert _registered(clone) == _registered(project, committed)
+    assert _predict(clone) == _predict(project, f"models:/reviews/{committed['reviews']}")
+
+    # A model folder that is not dvc.lock's would get dvc.lock's lineage: refused, by name.
+    with (clone / "data/models/tasks/reviews/model/bertflow.json").open("a") as f:
+        f.write(" ")
+    refused = run_cli("bertflow", "registry", "sync", cwd=clone, check=False)
+    assert refused.returncode == 1 and "data/models/tasks/reviews: differs from dvc.lock" in refused.stderr
+    run_cli("dvc", "checkout", "--force", cwd=clone)
+    # Idempotent: a second sync registers nothing (versions are found by content hash).
+    again = run_cli("bertflow", "registry", "sync", cwd=clone).stdout
+    assert again.splitlines() == ["encoder: version 1: unchanged: version 1 holds this model"] + \
+        [f"{task}: version 1, champion 1: unchanged: version 1 holds this model" for task in TASKS]
