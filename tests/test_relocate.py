@@ -1,6 +1,7 @@
 """A copied or moved project's MLflow store (real sqlite store, real registry, real artifacts):
 refused while it points at the old folder, relocated by rewriting the old folder to the new one,
-and then reading and writing the new folder only. The pipeline-level test is in tests/test_clone.py."""
+and then reading and writing the new folder only. The pipeline-level tests are in
+tests/test_lifecycle.py."""
 
 from __future__ import annotations
 
