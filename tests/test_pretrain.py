@@ -119,7 +119,8 @@ def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_pa
     """One run straight through with another process burning a core all along, one killed
     after its first snapshot and resumed on a quiet machine: the same encoder folder, byte for
     byte (weights, bertflow.json), and the same metrics file."""
-    straight = _project(tmp_path / "a", stages_dir, pairs_out[0])
+    # Snapshots at evaluation steps: a run resumed from one must still evaluate that step.
+    straight = _project(tmp_path / "a", stages_dir, pairs_out[0], snapshot_every_steps=40)
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         run_cli("bertflow", "stage", "pretrain", "-p", str(straight), cwd=straight.parent)
@@ -127,7 +128,7 @@ def test_killed_run_resumes_on_the_same_trajectory(stages_dir, pairs_out, tmp_pa
         burner.kill()
         burner.wait()
 
-    killed = _project(tmp_path / "b", stages_dir, pairs_out[0])
+    killed = _project(tmp_path / "b", stages_dir, pairs_out[0], snapshot_every_steps=40)
     ckpts = killed.parent / "data" / "models" / "pretrain-snapshots"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen(["bertflow", "stage", "pretrain", "-p", str(killed)], cwd=killed.parent,

@@ -84,16 +84,38 @@ class PretrainModule(L.LightningModule):
             self._val["nsp_total"] += float((labels >= 0).sum())
 
     def on_validation_epoch_end(self) -> None:
+        metrics = self._held_out_metrics()
+        if metrics:
+            self.log_dict(metrics)
+
+    def _held_out_metrics(self) -> dict[str, float]:
+        """The evaluation's metrics over every rank, also kept in the history (empty: no data)."""
         v = {k: torch.tensor(x) for k, x in self._val.items()}
         v = {k: float(self.trainer.strategy.reduce(t, reduce_op="sum")) for k, t in v.items()}
-        if v["total"]:
-            loss = v["loss"] / v["total"]
-            metrics = {"val/mlm_accuracy": v["correct"] / v["total"], "val/mlm_loss": loss,
-                       "val/perplexity": math.exp(min(loss, 50))}
-            if v["nsp_total"]:
-                metrics["val/nsp_accuracy"] = v["nsp_correct"] / v["nsp_total"]
-            self.log_dict(metrics)
-            self.history.append({"step": self.global_step, "tokens": self.tokens_seen, **metrics})
+        if not v["total"]:
+            return {}
+        loss = v["loss"] / v["total"]
+        metrics = {"val/mlm_accuracy": v["correct"] / v["total"], "val/mlm_loss": loss,
+                   "val/perplexity": math.exp(min(loss, 50))}
+        if v["nsp_total"]:
+            metrics["val/nsp_accuracy"] = v["nsp_correct"] / v["nsp_total"]
+        self.history.append({"step": self.global_step, "tokens": self.tokens_seen, **metrics})
+        return metrics
+
+    def on_train_start(self) -> None:
+        # A snapshot of a step that is also an evaluation step is written before Lightning
+        # evaluates it, and a run resumed from it skips that evaluation: run it here, on the
+        # same weights and held-out batches, so the history (and the export) is the
+        # uninterrupted run's.
+        step, every = self.global_step, self.cfg.val_every_steps
+        if step and step % every == 0 and (not self.history or self.history[-1]["step"] != step):
+            self.eval()
+            self.on_validation_epoch_start()
+            with torch.no_grad():
+                for i, batch in enumerate(self.trainer.datamodule.val_dataloader()):
+                    self.validation_step({k: v.to(self.device) for k, v in batch.items()}, i)
+            self._held_out_metrics()
+            self.train()
 
     def configure_optimizers(self):
         cfg = self.cfg
