@@ -11,9 +11,7 @@ starts unless `bertflow server start` already did: Prefect's temporary server ne
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import time
 import warnings
 from pathlib import Path
 
@@ -89,55 +87,32 @@ def _end_flow_runs(grace_seconds: float = 30.0) -> None:
     SIGTERM, and one whose API has gone hangs at exit: nothing outlives `bertflow serve`."""
     import multiprocessing
 
+    import psutil
+
     runs = multiprocessing.active_children()  # the runner starts each flow run as one
-    before = {pid: start for run in runs for pid, start in _descendants(run.pid).items()}
-    for pid in before:  # all of each run, as Ctrl-C reaches the whole job: a stage's process too
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
+    # All of each run, as Ctrl-C reaches the whole job: a stage's process too. psutil's
+    # signals check the process's start time, so a reused pid is never hit.
+    procs = _tree([run.pid for run in runs])
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_seconds)
+    # Prefect's handler can miss SIGTERM (raised where it is ignored); what a run started since,
+    # or left behind, goes too.
+    for proc in {*alive, *_tree([run.pid for run in runs if run.is_alive()])}:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
     for run in runs:
-        run.join(max(0.0, deadline - time.monotonic()))
-    for run in runs:
-        if run.is_alive():  # Prefect's handler can miss SIGTERM (raised where it is ignored)
-            _kill_tree(run.pid)
         run.join()
-    for pid, start in before.items():  # what a run left behind when it ended
-        if start >= 0 and _start_time(pid) == start:  # that process still, not a new one
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and everything below it, frozen first (SIGSTOP) so that none starts more."""
-    frozen: set[int] = set()
-    while new := set(_descendants(pid)) - frozen:
-        for member in new:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(member, signal.SIGSTOP)
-        frozen |= new
-    for member in frozen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
+def _tree(pids: list[int]) -> list:
+    """The processes of `pids` and every process below them (psutil.Process objects)."""
+    import psutil
 
-
-def _descendants(pid: int) -> dict[int, int]:
-    """`pid` and every process below it -> their start times (Linux; just `pid` elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rpartition(")")[2].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = {}, [pid]
-    while todo:
-        current = todo.pop()
-        found[current] = _start_time(current)
-        todo += children.get(current, [])
-    return found
-
-
-def _start_time(pid: int) -> int:
-    """When `pid` started (clock ticks since boot; -1 if it is gone or unknown)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
-    except (OSError, IndexError, ValueError):
-        return -1
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top = psutil.Process(pid)
+            procs += [top, *top.children(recursive=True)]
+    return procs
