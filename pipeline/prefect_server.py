@@ -237,26 +237,25 @@ def _start_lock(root: Path) -> Iterator[None]:
 
 def is_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    import psutil
+
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)  # no /proc (macOS): ask the kernel
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rpartition(")")[2].split()[0] != "Z"
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _is_prefect_server(pid: int) -> bool:
     """Whether `pid` is a `prefect server start` (not another process that got its pid)."""
+    import psutil
+
     try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return True  # no /proc: trust the state file
-    return b"prefect" in args and b"server" in args and b"start" in args
+        args = psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # cannot look: trust the state file
+    return "prefect" in args and "server" in args and "start" in args
 
 
 def _die_with_parent() -> Callable[[], None] | None:
