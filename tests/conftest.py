@@ -72,6 +72,18 @@ def run_cli(*args: str, cwd: Path, check: bool = True,
     return proc
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """Each test leaves os.environ as it found it. Libraries change it for the whole process:
+    Dask's LocalCluster sets OMP_NUM_THREADS=1, so every later subprocess (`bertflow run`)
+    would train with one thread while this process trains with two, and a model trained by the
+    CLI would differ from the same stage run in-process."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def stages_dir(tmp_path_factory) -> Path:
     """ingest, clean and tokenizer run once on the small real corpus; tests read the outputs."""
