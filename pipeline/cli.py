@@ -43,13 +43,21 @@ def run(
 def stage(
     name: Annotated[str, typer.Argument(help="Stage name as in dvc.yaml; per-task stages as STAGE@TASK.")],
     params: ParamsOption = Path("params.yaml"),
+    wait: Annotated[bool, typer.Option(help="If a run or stage is going on here, wait for it "
+                                            "instead of refusing.")] = False,
 ) -> None:
-    """Run one stage (what dvc.yaml calls)."""
-    from pipeline.stages import run_stage, split_name
+    """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
+    from pipeline.lock import project_lock
+    from pipeline.stages import distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
-    check_checkout(params.resolve().parent)
-    run_stage(name, params)
+    root = params.resolve().parent
+    check_checkout(root)
+    if distributed_rank() != 0:  # another rank of a distributed run: it only computes
+        run_stage(name, params)
+        return
+    with project_lock(root, wait, what=f"bertflow stage {name}"):
+        run_stage(name, params)
 
 
 registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: a champion per task.")

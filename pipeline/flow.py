@@ -109,9 +109,13 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
     lines: list[str] = []
     with subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,
                           text=True) as proc:
-        for line in proc.stderr:  # pass the stage's log through, keep its end for errors
-            sys.stderr.write(line)
-            lines = [*lines[-49:], line.rstrip()]
+        try:
+            for line in proc.stderr:  # pass the stage's log through, keep its end for errors
+                sys.stderr.write(line)
+                lines = [*lines[-49:], line.rstrip()]
+        except BaseException:  # interrupted: the stage ends too, not after its last step
+            proc.terminate()
+            raise
     if proc.returncode != 0:
         message = next((ln[len("error: "):] for ln in reversed(lines) if ln.startswith("error: ")),
                        None)

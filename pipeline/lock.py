@@ -1,6 +1,13 @@
-"""One pipeline run at a time per project: two runs would race on the same outputs, dvc.lock
-and DVC cache. An advisory lock (flock) on a file in .dvc/tmp: the kernel releases it when the
-holder exits, even on SIGKILL, so a crashed run never leaves the project locked.
+"""One pipeline command at a time per project: two runs, or a run and a `bertflow stage` (what
+`dvc repro` calls), would race on the same outputs, dvc.lock and DVC cache.
+
+An advisory lock (flock) on a file in .dvc/tmp, held by the command and by its watchdog
+(pipeline.watchdog): if the command is killed (SIGKILL included), the watchdog ends every
+process the command started (stage subprocesses, fine-tuning workers, Prefect's temporary
+server) and only then lets the lock go, so a rerun never starts beside an orphaned one. The
+kernel releases a flock when its last holder exits, so nothing ever leaves the project locked.
+Processes the holder starts (a stage in its own process, the other ranks of a DDP run) run under
+its lock: they find the holder among their ancestors through HOLDER_ENV.
 """
 
 from __future__ import annotations
@@ -14,6 +21,10 @@ from pathlib import Path
 
 from components.core.errors import BertflowError
 
+HOLDER_ENV = "BERTFLOW_LOCK_HOLDER"  # "PID:ROOT" of the process holding ROOT's lock
+CLEANUP = "cleaning up after"  # the watchdog's note in the lock file while it ends a killed run
+CLEANUP_WAIT_SECONDS = 60.0  # how long a new command waits for that clean-up, --wait or not
+
 
 def lock_path(root: Path) -> Path:
     """Where the lock lives: DVC's own temp folder (git-ignored by DVC), else the project root."""
@@ -21,26 +32,64 @@ def lock_path(root: Path) -> Path:
     return tmp / "bertflow-run.lock" if (root / ".dvc").is_dir() else root / ".bertflow-run.lock"
 
 
+def holder(root: Path) -> tuple[str, str]:
+    """(pid, what) of the lock's last holder, as written in the lock file."""
+    pid, _, what = lock_path(root).read_text().partition("\n")
+    return pid.strip() or "unknown", what.strip() or "bertflow run"
+
+
+def held_by_ancestor(root: Path) -> bool:
+    """Whether a process this one descends from holds `root`'s lock (this is its stage child)."""
+    import psutil
+
+    pid, _, locked = os.environ.get(HOLDER_ENV, "").partition(":")
+    if not pid.isdigit() or Path(locked) != Path(root).resolve():
+        return False
+    return int(pid) in {p.pid for p in psutil.Process().parents()}
+
+
 @contextlib.contextmanager
-def project_lock(root: Path, wait: bool = False, poll_seconds: float = 2.0) -> Iterator[None]:
-    """Hold the project's run lock; if another run holds it, wait for it or refuse."""
+def project_lock(root: Path, wait: bool = False, poll_seconds: float = 2.0,
+                 what: str = "bertflow run") -> Iterator[None]:
+    """Hold the project's lock as `what` (named to whoever is refused); if another command holds
+    it, wait for it or refuse. A command the lock's holder started runs under its lock."""
+    from pipeline import watchdog
+
+    root = Path(root).resolve()
+    if held_by_ancestor(root):
+        yield
+        return
     path = lock_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    previous = os.environ.get(HOLDER_ENV)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = Path(path).read_text().strip() or "unknown"
-                if not wait:
-                    raise BertflowError(
-                        f"another bertflow run (pid {holder}) is running in {root}; wait for it to "
-                        "finish, or run with --wait") from None
-                time.sleep(poll_seconds)
+        _acquire(fd, root, wait, poll_seconds)
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield
+        os.pwrite(fd, f"{os.getpid()}\n{what}\n".encode(), 0)
+        os.environ[HOLDER_ENV] = f"{os.getpid()}:{root}"  # inherited by the processes it starts
+        with watchdog.guard(fd, path):
+            yield
     finally:
-        os.close(fd)  # releases the lock
+        if previous is None:
+            os.environ.pop(HOLDER_ENV, None)
+        else:
+            os.environ[HOLDER_ENV] = previous
+        os.close(fd)  # releases the lock (the watchdog has closed its copy)
+
+
+def _acquire(fd: int, root: Path, wait: bool, poll_seconds: float) -> None:
+    """Take the flock on `fd`: at once, after waiting (`wait`, or a watchdog cleaning up after a
+    killed run, which takes seconds), or refuse naming the holder."""
+    cleanup_deadline = time.monotonic() + CLEANUP_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pid, what = holder(root)
+            cleaning = what.startswith(CLEANUP) and time.monotonic() < cleanup_deadline
+            if not wait and not cleaning:
+                raise BertflowError(f"another {what} (pid {pid}) is running in {root}; wait for it "
+                                    "to finish, or run with --wait") from None
+            time.sleep(min(poll_seconds, 0.2) if cleaning else poll_seconds)

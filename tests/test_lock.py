@@ -1,5 +1,5 @@
-"""One pipeline run at a time per project: a second is refused or waits; a killed run never
-leaves the project locked."""
+"""One pipeline command at a time per project: a second run or stage is refused or waits; a
+killed run never leaves the project locked, nor any process of its own running."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from components.core.errors import BertflowError
-from pipeline.lock import lock_path, project_lock
+from pipeline.lock import holder, lock_path, project_lock
 from tests.conftest import BIN, ROOT, run_cli
 
 
@@ -30,21 +30,21 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(dvc_project):
 
 
 def test_a_killed_holder_releases_the_lock_and_a_waiting_run_goes_on(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", (
+    locker = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, sys.argv[1]);"
         "from pipeline.lock import project_lock\n"
         "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
         "    print('locked', flush=True); time.sleep(600)"),
         str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "locked"
-    assert lock_path(tmp_path).read_text() == str(holder.pid)
+    assert locker.stdout.readline().strip() == "locked"
+    assert holder(tmp_path) == (str(locker.pid), "bertflow run")
     with pytest.raises(BertflowError):
         with project_lock(tmp_path):
             pass
-    holder.send_signal(signal.SIGKILL)
+    locker.send_signal(signal.SIGKILL)
     with project_lock(tmp_path, wait=True, poll_seconds=0.1):  # waits for the kill, then holds it
-        assert lock_path(tmp_path).read_text() == str(os.getpid())
-    holder.wait()
+        assert holder(tmp_path)[0] == str(os.getpid())
+    locker.wait()
 
 
 @pytest.mark.slow
@@ -71,3 +71,101 @@ def test_two_runs_at_once_one_refused_one_waiting_and_nothing_corrupts(dvc_proje
         assert f"stage {stage}: up to date, skipped" in outputs["waiting"][0]
     status = run_cli("dvc", "status", "pairs", "--json", cwd=dvc_project).stdout
     assert json.loads(status) == {}
+
+
+def test_a_stage_is_refused_beside_a_run_and_runs_under_the_lock_of_its_caller(dvc_project, tmp_path):
+    # `dvc repro` beside a run: its `bertflow stage` is refused in one line, nothing written.
+    locker = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from pipeline.lock import project_lock\n"
+        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
+        "    print('locked', flush=True); time.sleep(600)"),
+        str(ROOT), str(dvc_project)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        refused = run_cli("bertflow", "stage", "ingest", cwd=dvc_project, check=False)
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines() == [
+            f"error: another bertflow run (pid {locker.pid}) is running in {dvc_project}; wait for it "
+            "to finish, or run with --wait"]
+        assert not (dvc_project / "data" / "raw").exists()
+    finally:
+        locker.kill()
+        locker.wait()
+    # A stage the holder starts itself (the flow's own-process stages, DDP's other ranks) runs.
+    with project_lock(dvc_project, what="bertflow stage clean"):
+        assert holder(dvc_project)[1] == "bertflow stage clean"
+        run_cli("bertflow", "stage", "ingest", cwd=dvc_project)
+    assert (dvc_project / "data" / "raw").is_dir()
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def test_a_killed_holder_leaves_no_process_behind_and_the_lock_holds_until_they_are_gone(tmp_path):
+    import psutil
+
+    # A lock holder with a child and a grandchild (a stage process and its DDP rank, say).
+    locker = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from pipeline.lock import project_lock\n"
+        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
+        "    subprocess.Popen(['sh', '-c', 'sleep 600 & sleep 600'])\n"
+        "    print('locked', flush=True); time.sleep(600)"),
+        str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert locker.stdout.readline().strip() == "locked"
+    deadline = time.time() + 30
+    while len([p for p in _descendants(locker.pid) if p.name() == "sleep"]) < 2:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(1.5)  # the watchdog has looked at least once since
+    started = [p for p in _descendants(locker.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
+    assert len(started) == 3, started  # sh and its two sleeps
+    os.kill(locker.pid, signal.SIGKILL)  # its pid alone, as `kill -9 PID` does
+    locker.wait()
+    with project_lock(tmp_path, wait=True, poll_seconds=0.05):  # once the watchdog lets go ...
+        assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    _, alive = psutil.wait_procs(started, timeout=5)
+    assert not alive
+
+
+def test_a_holder_that_ends_normally_stops_its_watchdog_and_frees_the_lock(tmp_path):
+    import psutil
+
+    with project_lock(tmp_path):
+        watchdogs = [p for p in _descendants(os.getpid()) if "pipeline.watchdog" in " ".join(p.cmdline())]
+        assert len(watchdogs) == 1
+        with pytest.raises(BertflowError, match="another bertflow run"):
+            with project_lock(tmp_path):  # the watchdog's copy of the lock is the same lock
+                pass
+    assert not watchdogs[0].is_running() or watchdogs[0].status() == psutil.STATUS_ZOMBIE
+    with project_lock(tmp_path):
+        pass
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_run_ends_its_pretraining_child_and_prefect_server(dvc_project):
+    import psutil
+
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.Popen(["bertflow", "run"], cwd=dvc_project, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 600
+    for line in run.stderr:  # the default 6,000 steps: it is still pretraining when killed
+        assert time.time() < deadline
+        if "stage pretrain: running" in line:
+            break
+    while not any("stage pretrain" in " ".join(p.cmdline()) for p in _descendants(run.pid)):
+        assert time.time() < deadline and run.poll() is None
+        time.sleep(0.1)
+    time.sleep(2)
+    started = [p for p in _descendants(run.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
+    assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # Prefect's temporary server
+    os.kill(run.pid, signal.SIGKILL)  # the run's pid alone, not its process group
+    run.wait()
+    with project_lock(dvc_project, wait=True, poll_seconds=0.1):
+        assert not [" ".join(p.cmdline()) for p in started
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
