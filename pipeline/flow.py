@@ -103,8 +103,10 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
     import sys
 
     from components.core.io import read_json
+    from pipeline.lock import under_lock
 
-    env = {**os.environ, PARENT_RUN_ENV: parent_run_id, RUN_KEY_ENV: key}
+    env = {**os.environ, PARENT_RUN_ENV: parent_run_id, RUN_KEY_ENV: key,
+           **under_lock(Path(params_path).parent)}
     cmd = [sys.executable, "-m", "pipeline.cli", "stage", name, "--params", params_path]
     lines: list[str] = []
     with subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,

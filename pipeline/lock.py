@@ -6,8 +6,8 @@ An advisory lock (flock) on a file in .dvc/tmp, held by the command and by its w
 process the command started (stage subprocesses, fine-tuning workers, Prefect's temporary
 server) and only then lets the lock go, so a rerun never starts beside an orphaned one. The
 kernel releases a flock when its last holder exits, so nothing ever leaves the project locked.
-Processes the holder starts (a stage in its own process, the other ranks of a DDP run) run under
-its lock: they find the holder among their ancestors through HOLDER_ENV.
+A stage the holder starts in its own process runs under its lock: the holder gives it
+`under_lock(root)` in its environment, and the stage finds the holder among its ancestors.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ def holder(root: Path) -> tuple[str, str]:
     return pid.strip() or "unknown", what.strip() or "bertflow run"
 
 
+def under_lock(root: Path) -> dict[str, str]:
+    """Environment for a process this lock holder starts to run under its lock."""
+    return {HOLDER_ENV: f"{os.getpid()}:{Path(root).resolve()}"}
+
+
 def held_by_ancestor(root: Path) -> bool:
     """Whether a process this one descends from holds `root`'s lock (this is its stage child)."""
     import psutil
@@ -52,7 +57,7 @@ def held_by_ancestor(root: Path) -> bool:
 def project_lock(root: Path, wait: bool = False, poll_seconds: float = 2.0,
                  what: str = "bertflow run") -> Iterator[None]:
     """Hold the project's lock as `what` (named to whoever is refused); if another command holds
-    it, wait for it or refuse. A command the lock's holder started runs under its lock."""
+    it, wait for it or refuse. A command the holder started with `under_lock` runs under it."""
     from pipeline import watchdog
 
     root = Path(root).resolve()
@@ -62,19 +67,13 @@ def project_lock(root: Path, wait: bool = False, poll_seconds: float = 2.0,
     path = lock_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    previous = os.environ.get(HOLDER_ENV)
     try:
         _acquire(fd, root, wait, poll_seconds)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n{what}\n".encode(), 0)
-        os.environ[HOLDER_ENV] = f"{os.getpid()}:{root}"  # inherited by the processes it starts
-        with watchdog.guard(fd, path):
+        with watchdog.guard(fd):
             yield
     finally:
-        if previous is None:
-            os.environ.pop(HOLDER_ENV, None)
-        else:
-            os.environ[HOLDER_ENV] = previous
         os.close(fd)  # releases the lock (the watchdog has closed its copy)
 
 

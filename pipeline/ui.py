@@ -59,10 +59,27 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM (and SIGINT, whatever it inherited) stop the UI alike
 
 
+def check_port(host: str, port: int) -> None:
+    """A clear error if `port` on `host` cannot be listened on (taken, or not this machine's):
+    the MLflow server would print a bind error and still exit 0."""
+    import socket
+
+    from components.core.errors import BertflowError
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise BertflowError(f"cannot serve the MLflow UI on {host}:{port}: "
+                            f"{os.strerror(e.errno) if e.errno else e}; "
+                            "pick another with --port") from None
+
+
 def serve_ui(params: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
     """Run the MLflow UI until Ctrl-C or SIGTERM; return its exit code."""
     import typer
 
+    check_port(host, port)
     proc = subprocess.Popen(mlflow_ui_command(params, host, port), start_new_session=True)
     typer.echo(f"MLflow UI: http://{host}:{port} (Ctrl-C stops it)\n{PREFECT_HINT}")
     # SIGINT too: a process started in the background of a script inherits SIGINT ignored,

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL: a stage may mark its MLflow run FAILED
@@ -28,7 +27,7 @@ DONE = b"done"
 
 
 @contextlib.contextmanager
-def guard(lock_fd: int, lock_file: Path) -> Iterator[None]:
+def guard(lock_fd: int) -> Iterator[None]:
     """Run a watchdog over this process and its descendants while the body runs; it shares
     `lock_fd`, so the lock holds until the watchdog has ended whatever a killed run left."""
     read, write = os.pipe()

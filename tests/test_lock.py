@@ -13,7 +13,7 @@ import time
 import pytest
 
 from components.core.errors import BertflowError
-from pipeline.lock import holder, lock_path, project_lock
+from pipeline.lock import holder, lock_path, project_lock, under_lock
 from tests.conftest import BIN, ROOT, run_cli
 
 
@@ -92,10 +92,13 @@ def test_a_stage_is_refused_beside_a_run_and_runs_under_the_lock_of_its_caller(d
     finally:
         locker.kill()
         locker.wait()
-    # A stage the holder starts itself (the flow's own-process stages, DDP's other ranks) runs.
+    # A stage the holder starts under its lock (as the flow starts pretraining) runs; started
+    # without it, it is refused even as the holder's child.
     with project_lock(dvc_project, what="bertflow stage clean"):
         assert holder(dvc_project)[1] == "bertflow stage clean"
-        run_cli("bertflow", "stage", "ingest", cwd=dvc_project)
+        refused = run_cli("bertflow", "stage", "ingest", cwd=dvc_project, check=False)
+        assert "another bertflow stage clean" in refused.stderr and refused.returncode == 1
+        run_cli("bertflow", "stage", "ingest", cwd=dvc_project, env=under_lock(dvc_project))
     assert (dvc_project / "data" / "raw").is_dir()
 
 

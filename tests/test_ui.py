@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, write_params
+from tests.conftest import BIN, run_cli, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +84,15 @@ def _command_lines() -> dict[str, str]:
         except OSError:  # it ended meanwhile
             pass
     return out
+
+
+def test_ui_on_a_taken_port_is_one_clear_error_and_a_failure(tmp_path):
+    params = write_params(tmp_path, {"tracking": {"uri": "sqlite:///mlflow.db"}})
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        out = run_cli("bertflow", "ui", "--port", str(port), "-p", str(params), cwd=tmp_path,
+                      check=False)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: cannot serve the MLflow UI on 127.0.0.1:{port}: Address already in use; pick "
+        "another with --port"]
