@@ -25,12 +25,14 @@ def run(
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.config import load_params
     from components.core.tracking import check_store
+    from pipeline.prefect_server import check_configured_api
     from pipeline.stages import plan
 
     p = load_params(params)
-    plan(p, until)  # refuse bad params, a bad stage or a moved store before Prefect starts
+    plan(p, until)  # refuse bad params, a bad stage, a moved store or no API before Prefect starts
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
+    check_configured_api()
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until, wait)

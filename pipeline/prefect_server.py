@@ -65,6 +65,16 @@ def configured_api_url() -> str | None:
     return get_current_settings().api.url
 
 
+def check_configured_api() -> str | None:
+    """The configured Prefect API, if any, after checking it answers: else one clear error (a
+    flow would end in a long traceback from deep inside Prefect's client)."""
+    url = configured_api_url()
+    if url and not healthy(url.rstrip("/"), timeout=10.0):
+        raise BertflowError(f"the Prefect API at {url} (PREFECT_API_URL) does not answer: start "
+                            "that server, or unset PREFECT_API_URL to run without one")
+    return url
+
+
 def scheduler_problem() -> str | None:
     """Why a Prefect server run from this environment would never create a scheduled run, if
     so: Prefect 3.8's scheduler inserts runs in a way SQLAlchemy 2.1 refuses (an
@@ -148,7 +158,7 @@ def serving_api(root: Path, port: int = DEFAULT_PORT,
     reused if it runs, else started here and stopped (with its process group) on exit."""
     from pipeline.ui import stop_group
 
-    configured = configured_api_url()
+    configured = check_configured_api()
     if configured:
         say(f"Prefect API: {configured} (PREFECT_API_URL)")
         yield configured

@@ -257,9 +257,9 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
         return stage.call(load_params(params_path), params_path.parent, None, task)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
+    _check_task(load_params(params_path), task, params_path)  # before any run is recorded
     p, root, opened = _open_run(name, params_path, parent_run_id, "ran", run_key)
     with opened as run:
-        _check_task(p, task, params_path)
         run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
         stats = stage.call(p, root, run, task)

@@ -292,3 +292,31 @@ def test_a_checkout_of_another_uid_records_its_commit_once_marked_safe_or_warns(
         assert "git.error" not in runs[1].data.tags
     finally:
         shutil.rmtree(checkout, ignore_errors=True)
+
+
+# Before anything runs: a stage of an unknown task, a Prefect API that does not answer ----------
+
+def test_a_stage_of_an_unknown_task_is_refused_before_anything_is_recorded(tmp_path):
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    out = run_cli("bertflow", "stage", "task_data@nope", cwd=tmp_path, check=False)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"error: {params}: no task 'nope' in finetune.tasks (tasks: ")
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened for it
+
+
+@pytest.mark.parametrize("command", [["run", "--until", "ingest"], ["serve", "--until", "ingest"]])
+def test_an_unreachable_prefect_api_is_one_line_before_any_stage(tmp_path, command):
+    import socket
+
+    write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]  # free once closed: nothing answers there
+    url = f"http://user:{'s3cret-token'}@127.0.0.1:{port}/api"
+    out = run_cli("bertflow", *command, cwd=tmp_path, check=False, env={"PREFECT_API_URL": url})
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: the Prefect API at http://user:***@127.0.0.1:{port}/api (PREFECT_API_URL) does "
+        "not answer: start that server, or unset PREFECT_API_URL to run without one"]
+    assert not (tmp_path / "data").exists()
