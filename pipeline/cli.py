@@ -158,6 +158,8 @@ def predict(
                                               dir_okay=False)] = None,
     out: Annotated[Path | None, typer.Option(help="JSONL output (default: stdout).")] = None,
     model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
+    trust_model: Annotated[bool, typer.Option(help="Load a --model folder from outside this "
+                                                   "project (MLflow unpickles its code).")] = False,
     batch_size: Annotated[int, typer.Option(help="Rows per model call.")] = 512,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
@@ -179,6 +181,8 @@ def predict(
     for option, values in (("--text", text), ("--text-b", text_b)):
         if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
             raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
+    if model and not trust_model:
+        _check_model_folder(model, params.resolve().parent)
     pyfunc = _load_pyfunc(model or f"models:/{task}@champion", params)
     # Blank texts are refused before the model runs, each named by where it is in the input.
     inputs = pyfunc.metadata.get_input_schema()
@@ -202,6 +206,23 @@ def predict(
             rows = [row for _, row in numbered]
             for row, answer in zip(rows, _answers(pyfunc, pd.DataFrame(rows), file), strict=True):
                 sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
+
+
+def _check_model_folder(uri: str, root: Path) -> None:
+    """Refuse a model from outside the project: loading an MLflow pyfunc model unpickles its
+    Python object, which runs whatever code the model's author put in it. Registry and run URIs
+    resolve through the project's tracking store (params `tracking`), a folder must be inside."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme in ("models", "runs", "mlflow-artifacts"):
+        return
+    inside = parsed.scheme in ("", "file") and \
+        Path(parsed.path if parsed.scheme else uri).resolve().is_relative_to(root)
+    if not inside:
+        raise BertflowError(f"--model {uri} is outside this project ({root}); MLflow loads a model "
+                            "by unpickling its code, which can run anything: pass --trust-model "
+                            "if you trust who wrote it")
 
 
 def _load_pyfunc(uri: str, params: Path):

@@ -82,8 +82,14 @@ def test_the_pyfunc_model_answers_without_lightning(pyfunc_model, no_lightning):
 @pytest.mark.slow
 def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, tmp_path):
     params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
-    proc = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--text",
-                   "what a great film", "-p", str(params), cwd=tmp_path,
+    # A model folder from outside the project is unpickled by MLflow: only when trusted.
+    refused = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--text",
+                      "what a great film", "-p", str(params), cwd=tmp_path, check=False)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        f"error: --model {pyfunc_model} is outside this project ({tmp_path}); MLflow loads a model "
+        "by unpickling its code, which can run anything: pass --trust-model if you trust who wrote it"]
+    proc = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--trust-model",
+                   "--text", "what a great film", "-p", str(params), cwd=tmp_path,
                    env={"PYTHONPATH": str(no_lightning)})
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     assert answer["text"] == "what a great film" and answer["label"] in ("negative", "positive")
