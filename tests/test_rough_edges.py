@@ -84,6 +84,36 @@ def test_input_rows_know_their_line_or_row(tmp_path):
         [[("row 1", "a"), ("row 2", "")], [("row 3", "c")]]
 
 
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("dup.csv", b"review,verdict,review\na,b,c\n", "dup.csv: the header names 'review' more than once"),
+    ("wide.csv", b"text,x\na,b,c,d\n", "wide.csv, row 1: 4 fields, the header has 2"),
+    ("latin1.csv", b"text\nfine\nna\xefve\n", "latin1.csv, line 3: not UTF-8"),
+    ("quote.csv", b'text\n"unterminated\nx\n',
+     "quote.csv, line 3: not well-formed CSV (unexpected end of data)"),
+    ("empty.csv", b"", "empty.csv: empty, not even a header"),
+    ("latin1.jsonl", b'{"text": "ok"}\n{"text": "na\xefve"}\n',
+     "latin1.jsonl, line 2: not UTF-8 (byte 13 of the line)"),
+])
+def test_prediction_input_is_read_strictly(tmp_path, name, content, message):
+    from components.core.errors import DataError
+    from components.lifecycle.inference import read_numbered
+
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError) as e:
+        list(read_numbered(tmp_path / name, 2))
+    assert str(e.value) == f"{tmp_path / name}{message[len(name):]}"
+
+
+def test_prediction_input_keeps_line_separators_inside_texts(tmp_path):
+    from components.lifecycle.inference import read_numbered
+
+    (tmp_path / "in.jsonl").write_text('{"text": "one\u2028two"}\n{"text": "three"}\n')
+    assert [r["text"] for b in read_numbered(tmp_path / "in.jsonl", 5) for _, r in b] == \
+        ["one\u2028two", "three"]
+    (tmp_path / "in.csv").write_text('text\n"a\n\nb"\n', newline="")
+    assert [r["text"] for b in read_numbered(tmp_path / "in.csv", 5) for _, r in b] == ["a\n\nb"]
+
+
 # The CLI: one line naming what is wrong and what exists ------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -171,6 +201,9 @@ def test_predict_names_each_blank_text_by_where_it_is(registry_project):
     assert _fails_in_one_line(root, "predict", "same-topic", "--file", "pairs.jsonl") == \
         "error: pairs.jsonl, line 1: 'text_b' is empty or whitespace only"
     assert not (root / "o.jsonl").exists()
+    (root / "dup.csv").write_text("text,note,text\na,b,c\n")
+    assert _fails_in_one_line(root, "predict", "reviews", "--file", "dup.csv") == \
+        "error: dup.csv: the header names 'text' more than once"
     answers = run_cli("bertflow", "predict", "reviews", "--text", "a great film", cwd=root).stdout
     assert json.loads(answers)["label"] in TASKS["reviews"][1]
 

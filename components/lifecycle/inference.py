@@ -179,22 +179,18 @@ def read_numbered(path: Path, size: int) -> Iterator[list[tuple[str, dict]]]:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        import pandas as pd
-
-        # Every value a string, an empty cell an empty string (not NaN); a blank line is a row
-        # (of empty cells, refused later) rather than silently one answer fewer.
-        done = 0
-        for chunk in pd.read_csv(path, chunksize=size, dtype=str, keep_default_na=False,
-                                 skip_blank_lines=False):
-            rows = chunk.to_dict(orient="records")
-            yield [(f"row {done + i}", row) for i, row in enumerate(rows, 1)]
-            done += len(rows)
+        yield from _read_csv(path, size)
         return
     if suffix not in (".jsonl", ".ndjson"):
         raise DataError(f"{path}: predict reads .csv or .jsonl files, not {suffix or 'no suffix'}")
     batch: list[tuple[str, dict]] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with path.open("rb") as f:  # lines end at \n only: U+2028 inside a JSON string is text
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}, line {number}: not UTF-8 (byte {e.start + 1} of the "
+                                "line)") from None
             if not line.strip():
                 continue
             try:
@@ -209,3 +205,46 @@ def read_numbered(path: Path, size: int) -> Iterator[list[tuple[str, dict]]]:
                 batch = []
     if batch:
         yield batch
+
+
+def _read_csv(path: Path, size: int) -> Iterator[list[tuple[str, dict]]]:
+    """read_numbered for a CSV file, strictly: UTF-8, a header of distinct names, as many fields
+    in every row as in the header (pandas would rename a repeated name, or take a row's extra
+    leading fields for an index, and the model would read the wrong text)."""
+    import csv
+
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            reader = csv.reader(f, strict=True)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path}: empty, not even a header")
+            if repeated := sorted({name for name in header if header.count(name) > 1}):
+                raise DataError(f"{path}: the header names {', '.join(map(repr, repeated))} more than once")
+            batch: list[tuple[str, dict]] = []
+            for number, row in enumerate(reader, 1):
+                if not row:  # a blank line: a row of empty cells (refused later), not one answer fewer
+                    row = [""] * len(header)
+                if len(row) != len(header):
+                    raise DataError(f"{path}, row {number}: {len(row)} fields, the header has {len(header)}")
+                batch.append((f"row {number}", dict(zip(header, row, strict=True))))
+                if len(batch) == size:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+    except UnicodeDecodeError:
+        raise DataError(f"{path}, line {_first_bad_line(path)}: not UTF-8") from None
+    except csv.Error as e:
+        raise DataError(f"{path}, line {reader.line_num}: not well-formed CSV ({e})") from None
+
+
+def _first_bad_line(path: Path) -> int:
+    """The number of the first line of `path` that is not UTF-8."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
