@@ -9,12 +9,27 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from components.core.errors import BertflowError
 from pipeline.lock import holder, lock_path, project_lock, under_lock
 from tests.conftest import BIN, ROOT, run_cli
+
+
+def _holder(root: Path, then: str = "") -> subprocess.Popen:
+    """A process that takes `root`'s lock, runs the Python statement `then`, and, once it has
+    said so on its stdout, holds the lock for ten minutes."""
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time; sys.path.insert(0, sys.argv[1]);"
+        "from pipeline.lock import project_lock\n"
+        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
+        f"    {then or 'pass'}\n"
+        "    print('locked', flush=True); time.sleep(600)"),
+        str(ROOT), str(root)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
 
 
 @pytest.mark.slow
@@ -30,13 +45,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(dvc_project):
 
 
 def test_a_killed_holder_releases_the_lock_and_a_waiting_run_goes_on(tmp_path):
-    locker = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from pipeline.lock import project_lock\n"
-        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
-        "    print('locked', flush=True); time.sleep(600)"),
-        str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert locker.stdout.readline().strip() == "locked"
+    locker = _holder(tmp_path)
     assert holder(tmp_path) == (str(locker.pid), "bertflow run")
     with pytest.raises(BertflowError):
         with project_lock(tmp_path):
@@ -75,14 +84,8 @@ def test_two_runs_at_once_one_refused_one_waiting_and_nothing_corrupts(dvc_proje
 
 def test_a_stage_is_refused_beside_a_run_and_runs_under_the_lock_of_its_caller(dvc_project, tmp_path):
     # `dvc repro` beside a run: its `bertflow stage` is refused in one line, nothing written.
-    locker = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from pipeline.lock import project_lock\n"
-        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
-        "    print('locked', flush=True); time.sleep(600)"),
-        str(ROOT), str(dvc_project)], stdout=subprocess.PIPE, text=True)
+    locker = _holder(dvc_project)
     try:
-        assert locker.stdout.readline().strip() == "locked"
         refused = run_cli("bertflow", "stage", "ingest", cwd=dvc_project, check=False)
         assert refused.returncode == 1
         assert refused.stderr.strip().splitlines() == [
@@ -112,14 +115,7 @@ def test_a_killed_holder_leaves_no_process_behind_and_the_lock_holds_until_they_
     import psutil
 
     # A lock holder with a child and a grandchild (a stage process and its DDP rank, say).
-    locker = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from pipeline.lock import project_lock\n"
-        "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
-        "    subprocess.Popen(['sh', '-c', 'sleep 600 & sleep 600'])\n"
-        "    print('locked', flush=True); time.sleep(600)"),
-        str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert locker.stdout.readline().strip() == "locked"
+    locker = _holder(tmp_path, then="subprocess.Popen(['sh', '-c', 'sleep 600 & sleep 600'])")
     deadline = time.time() + 30
     while len([p for p in _descendants(locker.pid) if p.name() == "sleep"]) < 2:
         assert time.time() < deadline
