@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from components.core.errors import BertflowError
+from pipeline import watchdog
 
 HOLDER_ENV = "BERTFLOW_LOCK_HOLDER"  # "PID:ROOT" of the process holding ROOT's lock
-CLEANUP = "cleaning up after"  # the watchdog's note in the lock file while it ends a killed run
 CLEANUP_WAIT_SECONDS = 60.0  # how long a new command waits for that clean-up, --wait or not
 
 
@@ -58,8 +58,6 @@ def project_lock(root: Path, wait: bool = False, poll_seconds: float = 2.0,
                  what: str = "bertflow run") -> Iterator[None]:
     """Hold the project's lock as `what` (named to whoever is refused); if another command holds
     it, wait for it or refuse. A command the holder started with `under_lock` runs under it."""
-    from pipeline import watchdog
-
     root = Path(root).resolve()
     if held_by_ancestor(root):
         yield
@@ -87,7 +85,7 @@ def _acquire(fd: int, root: Path, wait: bool, poll_seconds: float) -> None:
             return
         except BlockingIOError:
             pid, what = holder(root)
-            cleaning = what.startswith(CLEANUP) and time.monotonic() < cleanup_deadline
+            cleaning = what.startswith(watchdog.CLEANUP) and time.monotonic() < cleanup_deadline
             if not wait and not cleaning:
                 raise BertflowError(f"another {what} (pid {pid}) is running in {root}; wait for it "
                                     "to finish, or run with --wait") from None

@@ -1,5 +1,5 @@
 """The watchdog of a command holding the project lock: if the command dies without cleaning up
-(SIGKILL, a crash, a plain SIGTERM), it ends every process the command had started, then exits,
+(SIGKILL, a crash), it ends every process the command had started, then exits,
 releasing the lock it shares. Killing `bertflow run` by its pid alone thus stops its pretraining
 child, fine-tuning workers and Prefect server too, and no rerun starts beside them.
 
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL: a stage may mark its MLflow run FAILED
 DONE = b"done"
+CLEANUP = "cleaning up after"  # its note in the lock file while it ends a killed command's processes
 
 
 @contextlib.contextmanager
@@ -68,7 +69,7 @@ def watch(parent_pid: int, pipe_fd: int, lock_fd: int) -> None:
                     seen.setdefault(child.pid, child)
         except psutil.NoSuchProcess:
             break
-    what = f"cleaning up after the killed pid {parent_pid}"
+    what = f"{CLEANUP} the killed pid {parent_pid}"
     with contextlib.suppress(OSError):  # waiting commands read this and give it a moment
         os.ftruncate(lock_fd, 0)
         os.pwrite(lock_fd, f"{os.getpid()}\n{what}\n".encode(), 0)

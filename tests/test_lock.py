@@ -168,3 +168,27 @@ def test_kill_9_of_a_run_ends_its_pretraining_child_and_prefect_server(dvc_proje
     with project_lock(dvc_project, wait=True, poll_seconds=0.1):
         assert not [" ".join(p.cmdline()) for p in started
                     if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusing(tmp_path):
+    import psutil
+
+    from pipeline import watchdog
+
+    # Its child ignores SIGTERM, so the clean-up takes the watchdog's whole grace period.
+    locker = _holder(tmp_path, then="subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 600'])")
+    deadline = time.time() + 30
+    while not [p for p in _descendants(locker.pid) if p.name() == "sleep"]:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(1.5)  # the watchdog has looked at least once since
+    started = [p for p in _descendants(locker.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
+    os.kill(locker.pid, signal.SIGKILL)
+    locker.wait()
+    while not holder(tmp_path)[1].startswith(watchdog.CLEANUP):
+        assert time.time() < deadline
+        time.sleep(0.01)
+    begun = time.monotonic()
+    with project_lock(tmp_path):  # no --wait: it waits for the clean-up all the same
+        assert time.monotonic() - begun > watchdog.GRACE_SECONDS / 2
+        assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
