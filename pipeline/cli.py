@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -58,8 +60,32 @@ def stage(
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params)
         return
-    with project_lock(root, wait, what=f"bertflow stage {name}"):
+    with project_lock(root, wait, what=f"bertflow stage {name}"), _terminate_as_failure():
         run_stage(name, params)
+
+
+@contextlib.contextmanager
+def _terminate_as_failure() -> Iterator[None]:
+    """SIGTERM (a `kill`, a service manager, a scheduler's timeout) ends the stage as a failure:
+    its MLflow run FAILED, its temp outputs removed, exit code 143. Without this the process
+    died at once and its MLflow run stayed RUNNING for ever. Its worker processes go first, so
+    that nothing waits for their fits on the way out; the lock's watchdog stays to the end."""
+    import signal
+
+    import psutil
+
+    def terminated(signum: int, frame) -> None:
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "pipeline.watchdog" not in " ".join(child.cmdline()):
+                    child.kill()
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: a champion per task.")

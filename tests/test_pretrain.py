@@ -216,3 +216,39 @@ def test_ddp_with_two_processes_on_cpu(stages_dir, pairs_out, tmp_path):
     assert [r.info.run_name for r in runs] == ["pretrain"]  # one run, from rank 0 only
     assert "train/loss" in runs[0].data.metrics and "val/mlm_accuracy" in runs[0].data.metrics
     assert (params.parent / "data" / "models" / "encoder" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_terminated_stage_is_a_failed_run_and_leaves_no_process_or_output(stages_dir, pairs_out, tmp_path):
+    import sqlite3
+
+    import psutil
+
+    from pipeline.lock import project_lock
+
+    params = _project(tmp_path, stages_dir, pairs_out[0], max_steps=100_000, val_every_steps=50_000,
+                      snapshot_every_steps=50_000)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bertflow", "stage", "pretrain", "-p", str(params)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, db = time.time() + 300, tmp_path / "mlflow.db"
+
+    def training() -> bool:  # the first losses are in the stage's MLflow run
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                return bool(con.execute("select 1 from metrics where key = 'train/loss'").fetchone())
+        except sqlite3.Error:
+            return False
+
+    while not training():
+        assert time.time() < deadline and proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)  # what `kill PID` and service managers send
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert _stage_run(tmp_path).info.status == "FAILED"  # not RUNNING for ever
+    assert not (tmp_path / "data" / "models" / "encoder").exists()
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert not alive
+    with project_lock(tmp_path):  # free
+        pass
