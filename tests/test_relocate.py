@@ -148,3 +148,13 @@ def test_run_and_serve_refuse_a_copied_store_before_prefect_starts(made, tmp_pat
     assert out.returncode == 1 and out.stderr.strip().count("\n") == 0, out.stderr
     assert out.stderr.startswith("error: ") and "bertflow tracking relocate" in out.stderr
     assert not (copy / ".prefect").exists()  # serve started no server
+
+
+@pytest.mark.parametrize("content", [b"garbage, not a database\n", b"SQLite format 3\x00" + b"\x07" * 200])
+def test_a_damaged_store_is_one_clear_error_naming_it(tmp_path, content):
+    (tmp_path / "mlflow.db").write_bytes(content)
+    with pytest.raises(BertflowError) as e:
+        tracking.check_store(CFG, tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'mlflow.db'}: cannot read the MLflow store (")
+    assert "restore it from a backup or move it aside" in str(e.value)
+    assert (tmp_path / "mlflow.db").read_bytes() == content  # left as it was

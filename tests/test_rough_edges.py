@@ -353,3 +353,15 @@ def test_an_unreachable_prefect_api_is_one_line_before_any_stage(tmp_path, comma
         f"error: the Prefect API at http://user:***@127.0.0.1:{port}/api (PREFECT_API_URL) does "
         "not answer: start that server, or unset PREFECT_API_URL to run without one"]
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("command", [["registry", "list"], ["stage", "ingest"],
+                                     ["predict", "x", "--text", "hi"]])
+def test_a_damaged_tracking_store_is_one_line_in_every_command(tmp_path, command):
+    write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    (tmp_path / "mlflow.db").write_text("garbage, not a database\n")
+    out = run_cli("bertflow", *command, cwd=tmp_path, check=False)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"error: {tmp_path / 'mlflow.db'}: cannot read the MLflow store (file is not a database)")
+    assert "Traceback" not in out.stderr and not (tmp_path / "data" / "raw").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,7 +61,12 @@ def check_store(cfg: TrackingConfig, root: Path) -> None:
     db = store_path(cfg, root)
     if db is None or (db, root.resolve()) in _CHECKED or not db.exists():
         return
-    stale = relocation.stale_location(db, cfg.experiment, _allowed(cfg, root))
+    try:
+        stale = relocation.stale_location(db, cfg.experiment, _allowed(cfg, root))
+    except sqlite3.DatabaseError as e:  # damaged, not a database, or locked past the timeout
+        raise BertflowError(f"{db}: cannot read the MLflow store ({e}); if it is damaged, restore "
+                            "it from a backup or move it aside to start a new one (its runs and "
+                            "registry stay in the old file)") from None
     if stale is not None:
         raise BertflowError(f"{db} keeps artifacts at {stale}, outside this project ({root.resolve()}): "
                             "the project was moved or copied (or is mounted elsewhere, as in a "
