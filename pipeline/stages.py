@@ -213,12 +213,14 @@ def lookup(data: dict, dotted: str) -> Any:
 def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: str,
               key: str | None = None):
     """The stage's MLflow run with its params and lineage tags: the git commit and the hashes
-    DVC records in dvc.lock for the stage's deps."""
+    DVC records in dvc.lock for the stage's deps. A task not in params is refused first, before
+    anything is recorded."""
     from components.core import tracking
     from pipeline import versioning
 
     root = params_path.parent
     p = load_params(params_path)
+    _check_task(p, split_name(name)[1], params_path)
     tags = {"bertflow.stage": name, "bertflow.status": status,
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
     if versioning.is_dvc_project(root):
@@ -257,7 +259,6 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
         return stage.call(load_params(params_path), params_path.parent, None, task)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
-    _check_task(load_params(params_path), task, params_path)  # before any run is recorded
     p, root, opened = _open_run(name, params_path, parent_run_id, "ran", run_key)
     with opened as run:
         run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
