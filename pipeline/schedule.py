@@ -89,17 +89,13 @@ def _end_flow_runs(grace_seconds: float = 30.0) -> None:
 
     import psutil
 
+    from pipeline.watchdog import end
+
     runs = multiprocessing.active_children()  # the runner starts each flow run as one
-    # All of each run, as Ctrl-C reaches the whole job: a stage's process too. psutil's
-    # signals check the process's start time, so a reused pid is never hit.
-    procs = _tree([run.pid for run in runs])
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace_seconds)
-    # Prefect's handler can miss SIGTERM (raised where it is ignored); what a run started since,
-    # or left behind, goes too.
-    for proc in {*alive, *_tree([run.pid for run in runs if run.is_alive()])}:
+    # All of each run, as Ctrl-C reaches the whole job: a stage's process too. Prefect's handler
+    # can miss SIGTERM (raised where it is ignored): SIGKILL after the grace period.
+    end(_tree([run.pid for run in runs]), grace_seconds)
+    for proc in _tree([run.pid for run in runs if run.is_alive()]):  # what a run started since
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     for run in runs:

@@ -77,14 +77,22 @@ def watch(parent_pid: int, pipe_fd: int, lock_fd: int) -> None:
     for proc in list(alive):  # and what they started since the last look
         with contextlib.suppress(psutil.Error):
             alive += [c for c in proc.children(recursive=True) if c.pid not in seen]
-    for proc in alive:
+    psutil.wait_procs(end(alive, GRACE_SECONDS), timeout=GRACE_SECONDS)
+
+
+def end(procs: list, grace_seconds: float) -> list:
+    """SIGTERM `procs` (psutil.Process objects), SIGKILL those still there after `grace_seconds`;
+    the ones killed. psutil checks each process's start time: a reused pid is never hit."""
+    import psutil
+
+    for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    _, left = psutil.wait_procs(alive, timeout=GRACE_SECONDS)
+    _, left = psutil.wait_procs(procs, timeout=grace_seconds)
     for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(left, timeout=GRACE_SECONDS)
+    return left
 
 
 if __name__ == "__main__":
