@@ -20,7 +20,7 @@ run: install  ## the whole pipeline on the embedded defaults (params.yaml)
 	bertflow run
 
 test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning (what CI runs)
-	pytest
+	pytest --durations=25
 
 test-fast: install  ## the fast loop while editing: every test not marked slow (~3 min)
 	pytest -m "not slow"

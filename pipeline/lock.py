@@ -67,12 +67,21 @@ def project_lock(root: Path, wait: bool = False, poll_seconds: float = 2.0,
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, root, wait, poll_seconds)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n{what}\n".encode(), 0)
+        watchdog.note(fd, what)
         with watchdog.guard(fd):
             yield
     finally:
         os.close(fd)  # releases the lock (the watchdog has closed its copy)
+
+
+def _running(pid: str) -> bool:
+    """Whether `pid` names a live process (a zombie, killed but not yet reaped, is not)."""
+    import psutil
+
+    try:
+        return pid.isdigit() and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _acquire(fd: int, root: Path, wait: bool, poll_seconds: float) -> None:
@@ -85,8 +94,10 @@ def _acquire(fd: int, root: Path, wait: bool, poll_seconds: float) -> None:
             return
         except BlockingIOError:
             pid, what = holder(root)
-            cleaning = what.startswith(watchdog.CLEANUP) and time.monotonic() < cleanup_deadline
-            if not wait and not cleaning:
+            # A holder just killed (its watchdog about to note the clean-up) or a note being
+            # rewritten reads as a dead or unknown pid: that too is a clean-up under way.
+            cleaning = what.startswith(watchdog.CLEANUP) or not _running(pid)
+            if not wait and not (cleaning and time.monotonic() < cleanup_deadline):
                 raise BertflowError(f"another {what} (pid {pid}) is running in {root}; wait for it "
                                     "to finish, or run with --wait") from None
             time.sleep(min(poll_seconds, 0.2) if cleaning else poll_seconds)

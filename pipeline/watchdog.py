@@ -69,15 +69,21 @@ def watch(parent_pid: int, pipe_fd: int, lock_fd: int) -> None:
                     seen.setdefault(child.pid, child)
         except psutil.NoSuchProcess:
             break
-    what = f"{CLEANUP} the killed pid {parent_pid}"
     with contextlib.suppress(OSError):  # waiting commands read this and give it a moment
-        os.ftruncate(lock_fd, 0)
-        os.pwrite(lock_fd, f"{os.getpid()}\n{what}\n".encode(), 0)
+        note(lock_fd, f"{CLEANUP} the killed pid {parent_pid}")
     alive = [p for p in seen.values() if p.is_running()]
     for proc in list(alive):  # and what they started since the last look
         with contextlib.suppress(psutil.Error):
             alive += [c for c in proc.children(recursive=True) if c.pid not in seen]
     psutil.wait_procs(end(alive, GRACE_SECONDS), timeout=GRACE_SECONDS)
+
+
+def note(lock_fd: int, what: str) -> None:
+    """Write "PID\nWHAT" into the lock file: written over the old note, then cut to length, so
+    a reader never finds it empty."""
+    data = f"{os.getpid()}\n{what}\n".encode()
+    os.pwrite(lock_fd, data, 0)
+    os.ftruncate(lock_fd, len(data))
 
 
 def end(procs: list, grace_seconds: float) -> list:
