@@ -6,15 +6,18 @@ Output folder, loadable by `tokenizers.Tokenizer.from_file`, by transformers'
   vocab.txt                 one token per line, id order (WordPiece; BPE writes vocab.json+merges.txt)
   tokenizer_config.json, special_tokens_map.json   what transformers needs to load it offline
 Both kinds mark word-internal pieces with `##`, so whole-word masking works the same for either.
-WordPiece output is byte-identical from run to run (see _canonical_ids); BPE's merge order can
-differ between runs where merges tie (huggingface/tokenizers#1794), and DVC's cache keeps the
-first result until the inputs change.
+Both kinds are byte-identical from run to run: `tokenizers` breaks ties between merges of equal
+count by token id, and gives the `##` pieces their ids in hash-map order (a new random seed in
+every map), so the learned pieces and merges changed between runs (huggingface/tokenizers#1794).
+`initial_pieces` pins those ids before training (see train_tokenizer), and _canonical_ids makes
+the final WordPiece ids independent of the merge order.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from components.core import progress
@@ -34,24 +37,28 @@ def _sentences(folder: Path) -> Iterator[str]:
         yield from doc["sentences"]
 
 
-def build(cfg: TokenizerConfig):
-    """An untrained tokenizer with BERT's normaliser, pre-tokeniser and decoder, and its trainer."""
+def build(cfg: TokenizerConfig, pinned: tuple[list[str], list[str]] | None = None):
+    """An untrained tokenizer with BERT's normaliser, pre-tokeniser and decoder, and its trainer.
+
+    `pinned` is `initial_pieces(...)`: the alphabet and `##` pieces the trainer would start from.
+    They are passed as extra special tokens, so they get fixed ids (specials, characters, `##`
+    characters, each sorted) instead of hash-map order; unpin() removes them from the added tokens.
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    if cfg.kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix="##"))
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-            special_tokens=SPECIAL_TOKENS, limit_alphabet=cfg.limit_alphabet,
-            continuing_subword_prefix="##", show_progress=progress.enabled(),
-        )
-    else:
-        tok = Tokenizer(models.BPE(unk_token=UNK, continuing_subword_prefix="##"))
-        trainer = trainers.BpeTrainer(
-            vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-            special_tokens=SPECIAL_TOKENS, limit_alphabet=cfg.limit_alphabet,
-            continuing_subword_prefix="##", show_progress=progress.enabled(),
-        )
+    specials, alphabet = list(SPECIAL_TOKENS), {"limit_alphabet": cfg.limit_alphabet}
+    if pinned is not None:
+        chars, inner = pinned
+        specials += [t for t in chars + inner if t not in SPECIAL_TOKENS]
+        # Exactly these: the trainer's own cut at limit_alphabet breaks ties in hash order.
+        alphabet = {"initial_alphabet": chars, "limit_alphabet": len(chars)}
+    model, trainer_cls = ((models.WordPiece, trainers.WordPieceTrainer) if cfg.kind == "wordpiece"
+                          else (models.BPE, trainers.BpeTrainer))
+    tok = Tokenizer(model(unk_token=UNK, continuing_subword_prefix="##"))
+    trainer = trainer_cls(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=specials,
+        continuing_subword_prefix="##", show_progress=progress.enabled(), **alphabet,
+    )
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=cfg.lowercase,
         lowercase=cfg.lowercase,
@@ -61,14 +68,66 @@ def build(cfg: TokenizerConfig):
     return tok, trainer
 
 
+def initial_pieces(tok, sentences: Iterable[str], limit_alphabet: int,
+                   batch: int = 1024) -> tuple[list[str], list[str]]:
+    """The characters and `##` characters the trainer starts from, each sorted.
+
+    The same words the trainer sees (this tokenizer's normaliser and pre-tokeniser), counted once
+    per distinct whitespace-separated chunk; the alphabet is the `limit_alphabet` most frequent
+    characters, ties broken by code point (the trainer breaks them in hash order).
+    """
+    normalize, pre_tokenize = tok.normalizer.normalize_str, tok.pre_tokenizer.pre_tokenize_str
+    # The normaliser turns tab, newline and CR into spaces and is otherwise per character, so
+    # splitting raw text there first gives the same words as normalising whole sentences.
+    spaces = str.maketrans("\t\n\r", "   ")
+    chunks: Counter[str] = Counter()
+    buffer: list[str] = []
+    for sentence in sentences:
+        buffer.append(sentence)
+        if len(buffer) >= batch:
+            chunks.update(" ".join(buffer).translate(spaces).split(" "))
+            buffer.clear()
+    chunks.update(" ".join(buffer).translate(spaces).split(" "))
+    chunks.pop("", None)
+    counts: Counter[str] = Counter()
+    inner: set[str] = set()
+    for chunk, n in chunks.items():
+        for word, _ in pre_tokenize(normalize(chunk)):
+            for ch in word:
+                counts[ch] += n
+            inner.update(word[1:])
+    chars = sorted(sorted(counts, key=lambda ch: (-counts[ch], ch))[:limit_alphabet])
+    kept = set(chars)
+    return chars, ["##" + ch for ch in sorted(inner & kept)]
+
+
+def unpin(tok, pinned: tuple[list[str], list[str]]):
+    """The trained tokenizer without the pinned pieces among its added (special) tokens.
+
+    They stay in the model's vocabulary; as added tokens they would match inside text ("a", "##s").
+    Also checks that the trainer started from exactly the pinned pieces: an initial piece it found
+    on its own would have got a hash-order id again.
+    """
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] in SPECIAL_TOKENS]
+    initial = {t for t in data["model"]["vocab"]
+               if len(t) == 1 or (t.startswith("##") and len(t) == 3)} - set(SPECIAL_TOKENS)
+    unpinned = initial - set(pinned[0]) - set(pinned[1])
+    if unpinned:
+        raise RuntimeError(f"tokenizer: initial pieces not pinned, the vocabulary would not be "
+                           f"reproducible: {sorted(unpinned)[:10]}")
+    return Tokenizer.from_str(json.dumps(data))
+
+
 def _canonical_ids(tok):
     """Renumber a WordPiece vocabulary so that ids depend only on the set of pieces.
 
-    `tokenizers` 0.23 gives `##` pieces ids in hash-map order and breaks ties between merges of
-    equal count by those ids (huggingface/tokenizers#1794), so the learned order changes from
-    run to run even when the pieces do not. WordPiece looks pieces up by string, so ids are
-    only labels: specials keep 0-4, then single characters, then `##` characters, then the
-    other pieces, each group sorted. BPE keeps the trainer's ids: its merge ranks carry meaning.
+    The trainer numbers pieces in the order it learns them. WordPiece looks pieces up by string,
+    so ids are only labels: specials keep 0-4, then single characters, then `##` characters,
+    then the other pieces, each group sorted. BPE keeps the trainer's ids: its merge ranks carry
+    meaning.
     """
     from tokenizers import Tokenizer
 
@@ -154,8 +213,12 @@ def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
     train, heldout = Path(clean_dir) / "train", Path(clean_dir) / "heldout"
     if not list_shards(train):
         raise DataError(f"tokenizer: no shards in {train}; run the clean stage first")
-    tok, trainer = build(cfg)
+    # Two passes over the shards: the initial pieces first, so that their ids, and with them the
+    # trainer's tie-breaks between merges of equal count, do not depend on hash order.
+    pinned = initial_pieces(build(cfg)[0], _sentences(train), cfg.limit_alphabet)
+    tok, trainer = build(cfg, pinned)
     tok.train_from_iterator(_sentences(train), trainer)
+    tok = unpin(tok, pinned)
     if cfg.kind == "wordpiece":
         tok = _canonical_ids(tok)
     add_template(tok)
