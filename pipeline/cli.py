@@ -52,10 +52,12 @@ def stage(
                                             "instead of refusing.")] = False,
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
+    from components.core.config import load_params
     from pipeline.lock import project_lock
     from pipeline.stages import distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
+    load_params(params)  # bad params, paths that are not the stage's own: refused, nothing written
     root = params.resolve().parent
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes

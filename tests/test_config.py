@@ -116,6 +116,17 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("finetune.init", ["scratch"], "finetune.init: must include pretrained"),
     ("finetune.init", ["pretrained", "checkpoint"], "finetune.init: has checkpoint, which needs "
                                                     "pretrain.init_from"),
+    ("pretrain.beta1", 1.5, "pretrain.beta1: must be in [0, 1)"),
+    ("pretrain.val_every_steps", 0, "pretrain.val_every_steps: must be at least 1"),
+    ("pretrain.max_predictions_per_seq", 0, "pretrain.max_predictions_per_seq: must be at least 1"),
+    ("ingest.fallback_encoding", "utf-9", "ingest.fallback_encoding: 'utf-9' is not an encoding"),
+    ("tokenizer.min_frequency", 0, "tokenizer.min_frequency: must be at least 1"),
+    ("paths.raw", "", "paths.raw: '' must be a folder inside the project"),
+    ("paths.metrics", "../metrics", "paths.metrics: '../metrics' must be a folder inside the project"),
+    ("paths.models", ".dvc/models", "paths.models: '.dvc/models' is the project root or git's or DVC's"),
+    ("paths.raw", "data/user", "paths.raw: 'data/user' overlaps paths.user_data ('data/user')"),
+    ("paths.pairs", "data/models", "paths.models: 'data/models' overlaps paths.pairs ('data/models')"),
+    ("paths.user_data", "", "paths.user_data: '' is the project root"),
 ])
 def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -123,6 +134,41 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     data[section][field] = value
     with pytest.raises(ConfigError, match=re.escape(f"params.yaml:{expected}")):
         load_params(write_params(tmp_path, data))
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ({"heads": 0}, "model.presets.mini: layers, hidden, heads and intermediate must each be at least 1"),
+    ({"layers": 0}, "model.presets.mini: layers, hidden, heads and intermediate must each be at least 1"),
+    ({"heads": 3}, "model.presets.mini.heads: must divide hidden (256)"),
+])
+def test_a_model_shape_that_cannot_be_built_is_named(tmp_path, shape, expected):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["model"]["presets"]["mini"].update(shape)
+    with pytest.raises(ConfigError, match=re.escape(f"params.yaml:{expected}")):
+        load_params(write_params(tmp_path, data))
+
+
+def test_a_replacement_that_is_not_a_regex_is_named(tmp_path):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["clean"]["replacements"] = [{"pattern": "([a-z]", "repl": ""}]
+    with pytest.raises(ConfigError, match=re.escape("params.yaml:clean.replacements[0].pattern: "
+                                                    "'([a-z]' is not a valid regular expression")):
+        load_params(write_params(tmp_path, data))
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"pretrain:\n  lr: 0.001\n  max_steps: 10\n  lr: 0.1\n",
+     "params.yaml: not valid YAML at line 4, column 3: key 'lr' given twice"),
+    (b"# r\xe9sum\xe9 of the run\npretrain:\n  lr: 0.001\n",
+     "params.yaml: not UTF-8 (byte 3: b'\\xe9'); save it as UTF-8"),
+    (b"pretrain:\n  lr: [0.1\n", "params.yaml: not valid YAML at line 3, column 1: expected ',' or ']'"),
+])
+def test_a_params_file_yaml_would_misread_is_refused_in_one_line(tmp_path, content, expected):
+    # A key given twice: YAML keeps the last one without a word, whichever you edited.
+    (tmp_path / "params.yaml").write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_params(tmp_path / "params.yaml")
+    assert str(err.value).startswith(f"{tmp_path / expected}") and "\n" not in str(err.value)
 
 
 def test_head_warmup_may_last_the_whole_run_but_not_longer(tmp_path):

@@ -6,7 +6,9 @@ Every field carries a one-line docstring (the string under it); the configuratio
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -21,7 +23,7 @@ from components.core.errors import ConfigError
 
 @dataclass
 class PathsConfig:
-    """Where stages read and write, relative to the folder of params.yaml."""
+    """Where stages read and write, relative to params.yaml; each output inside it, apart."""
 
     user_data: str = "data/user"
     """Your own corpus and task files (track them with `dvc add`); ingest depends on it."""
@@ -451,17 +453,49 @@ def load_params(path: str | Path) -> Params:
     data = _read_yaml(path)
     params = from_dict(Params, data, f"{path}:")
     check(params, f"{path}:")
+    check_paths(params.paths, path.resolve().parent, f"{path}:")
     return params
+
+
+OUTPUT_FOLDERS = ("raw", "clean", "checkpoint", "tokenizer", "pairs", "tasks", "models", "metrics")
+SOURCE_FOLDERS = ("user_data", "packages")  # read (packages also installed into), never replaced
+
+
+def check_paths(paths: PathsConfig, root: Path, where: str) -> None:
+    """Every folder a stage replaces is the project's own: inside the project (relative, no
+    `..`), not the project root, nor git's or DVC's folder; no two folders the same or one
+    inside another, sources included. `paths.raw: ''` once made ingest replace the checkout."""
+    folders: dict[str, Path] = {}
+    for name in (*SOURCE_FOLDERS, *OUTPUT_FOLDERS):
+        value, key = getattr(paths, name), _join(where, f"paths.{name}")
+        folder = Path(os.path.normpath(root / value.strip()))
+        inside = root in folder.parents
+        if name in OUTPUT_FOLDERS and (Path(value).is_absolute() or not inside):
+            raise ConfigError(f"{key}: {value!r} must be a folder inside the project, below "
+                              f"{root} (a stage replaces it)")
+        if folder == root or (inside and folder.relative_to(root).parts[0] in (".git", ".dvc")):
+            raise ConfigError(f"{key}: {value!r} is the project root or git's or DVC's own "
+                              "folder; give the stage a folder of its own")
+        for other, seen in folders.items():
+            if folder == seen or seen in folder.parents or folder in seen.parents:
+                raise ConfigError(f"{key}: {value!r} overlaps paths.{other} "
+                                  f"({getattr(paths, other)!r}); each folder must stand apart")
+        folders[name] = folder
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506
     except FileNotFoundError:
         where = f" (extended by {seen[-1]})" if seen else ""
         raise ConfigError(f"{path}: params file not found{where}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
+                          "save it as UTF-8") from None
+    except yaml.YAMLError as e:  # one line: where and what, not PyYAML's four
+        mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None) or e
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     base = data.pop("extends", None)
@@ -471,6 +505,22 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if parent in seen or parent == path.resolve():
         raise ConfigError(f"{path}:extends: {base} extends itself, in a cycle")
     return _merge(_read_yaml(parent, (*seen, path.resolve())), data)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML keeps the last
+    one silently: a value you edited could lose to a forgotten copy further down)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"key {key!r} given twice",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -489,6 +539,10 @@ def check(p: Params, where: str) -> None:
         (p.executor.kind != "dask" or p.executor.dask_address, "executor.dask_address",
          "is required when executor.kind is dask"),
         (p.ingest.shard_chars > 0, "ingest.shard_chars", "must be positive"),
+        (_is_codec(p.ingest.fallback_encoding), "ingest.fallback_encoding",
+         f"{p.ingest.fallback_encoding!r} is not an encoding Python knows (e.g. cp1252, latin-1)"),
+        (all(s.max_documents >= 0 for s in p.ingest.sources), "ingest.sources",
+         "max_documents must be 0 (all) or more"),
         (0 < p.clean.near_threshold <= 1, "clean.near_threshold", "must be in (0, 1]"),
         (p.clean.num_perm >= 16, "clean.num_perm", "must be at least 16"),
         (p.clean.shingle_words >= 1, "clean.shingle_words", "must be at least 1"),
@@ -499,6 +553,8 @@ def check(p: Params, where: str) -> None:
          "must not be below clean.min_sentence_chars"),
         (p.tokenizer.vocab_size >= 64, "tokenizer.vocab_size",
          "must be at least 64 (the special tokens and an alphabet)"),
+        (p.tokenizer.min_frequency >= 1, "tokenizer.min_frequency", "must be at least 1"),
+        (p.tokenizer.limit_alphabet >= 1, "tokenizer.limit_alphabet", "must be at least 1"),
         (p.pairs.max_seq_len >= 8, "pairs.max_seq_len", "must be at least 8"),
         (p.pairs.max_seq_len <= p.model.max_position, "pairs.max_seq_len",
          f"must not exceed model.max_position ({p.model.max_position})"),
@@ -511,6 +567,16 @@ def check(p: Params, where: str) -> None:
         (p.pretrain.batch_size >= 1, "pretrain.batch_size", "must be at least 1"),
         (p.pretrain.accumulate >= 1, "pretrain.accumulate", "must be at least 1"),
         (p.pretrain.lr > 0, "pretrain.lr", "must be positive"),
+        (0 <= p.pretrain.beta1 < 1, "pretrain.beta1", "must be in [0, 1)"),
+        (0 <= p.pretrain.beta2 < 1, "pretrain.beta2", "must be in [0, 1)"),
+        (p.pretrain.weight_decay >= 0, "pretrain.weight_decay", "must not be negative"),
+        (p.pretrain.grad_clip >= 0, "pretrain.grad_clip", "must be 0 (off) or positive"),
+        (p.pretrain.max_predictions_per_seq >= 1, "pretrain.max_predictions_per_seq",
+         "must be at least 1"),
+        *[(getattr(p.pretrain, k) >= 1, f"pretrain.{k}", "must be at least 1")
+          for k in ("val_every_steps", "snapshot_every_steps", "log_every_steps")],
+        (p.pretrain.short_seq_steps >= 0, "pretrain.short_seq_steps", "must not be negative"),
+        (p.pretrain.num_nodes >= 1, "pretrain.num_nodes", "must be at least 1"),
         (p.pretrain.max_steps >= 1, "pretrain.max_steps", "must be at least 1"),
         (0 <= p.pretrain.warmup_steps <= p.pretrain.max_steps, "pretrain.warmup_steps",
          "must be between 0 and pretrain.max_steps"),
@@ -533,6 +599,8 @@ def check(p: Params, where: str) -> None:
          "has checkpoint, which needs pretrain.init_from"),
         (f.batch_size >= 1, "finetune.batch_size", "must be at least 1"),
         (f.lr > 0, "finetune.lr", "must be positive"),
+        (f.weight_decay >= 0, "finetune.weight_decay", "must not be negative"),
+        (f.workers >= 0, "finetune.workers", "must be 0 (one per core) or more"),
         (f.epochs >= 1, "finetune.epochs", "must be at least 1"),
         (f.evals_per_epoch >= 1, "finetune.evals_per_epoch", "must be at least 1"),
         (f.patience >= 1, "finetune.patience", "must be at least 1"),
@@ -552,11 +620,33 @@ def check(p: Params, where: str) -> None:
             (t.epochs >= 0 and t.max_train_examples >= 0, f"{key}.epochs",
              "epochs and max_train_examples must not be negative"),
         ]
-    rules += [(size.hidden % size.heads == 0, f"model.presets.{name}.heads",
-               f"must divide hidden ({size.hidden})") for name, size in sizes.items()]
+    for name, size in sizes.items():
+        key = f"model.presets.{name}"
+        rules += [(min(size.layers, size.hidden, size.heads, size.intermediate) >= 1, key,
+                   "layers, hidden, heads and intermediate must each be at least 1"),
+                  (size.heads < 1 or size.hidden % size.heads == 0, f"{key}.heads",
+                   f"must divide hidden ({size.hidden})")]
+    for i, r in enumerate(p.clean.replacements):
+        rules.append((_compiles(r.pattern), f"clean.replacements[{i}].pattern",
+                      f"{r.pattern!r} is not a valid regular expression"))
     for ok, key, message in rules:
         if not ok:
             raise ConfigError(f"{_join(where, key)}: {message}")
+
+
+def _is_codec(name: str) -> bool:
+    try:
+        return codecs.lookup(name) is not None
+    except LookupError:
+        return False
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
 
 
 def from_dict(cls: type, data: Any, where: str) -> Any:

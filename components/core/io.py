@@ -33,6 +33,9 @@ def iter_rows(folder: Path, columns: tuple[str, ...]) -> Iterator[dict]:
         yield from pq.read_table(path, columns=list(columns)).to_pylist()
 
 
+TEMP_MARK = ".bertflow-temp"  # in every temp folder a stage makes: only those are ever cleaned up
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temp folder beside `final`; on success it replaces `final`, on error it goes.
@@ -42,23 +45,33 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}.*-*"):  # left by a killed earlier run
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual mode
+    for stale in final.parent.glob(f".{final.name}.*-*"):  # left by a killed earlier run ...
+        if (stale / TEMP_MARK).is_file():  # ... and only those: never a user's `.raw.backup-1`
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = _temp_dir(final, "tmp")
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    (tmp / TEMP_MARK).unlink()
     replace_path(tmp, final)
 
 
+def _temp_dir(final: Path, kind: str) -> Path:
+    """A new folder `.{final.name}.{kind}-XXXXXXXX` beside `final`, marked as a stage's temp."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{kind}-", dir=final.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual mode
+    (tmp / TEMP_MARK).touch()
+    return tmp
+
+
 def replace_path(src: Path, dst: Path) -> None:
-    """Move `src` to `dst`, replacing what is there (a file or a whole folder)."""
+    """Move `src` to `dst`, replacing what is there (a file or a whole folder). A folder is first
+    moved into a marked temp folder, so that a kill in between leaves nothing unmarked behind."""
     if dst.is_dir() and not dst.is_symlink():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.replace(dst, old)
+        old = _temp_dir(dst, "old")
+        os.replace(dst, old / dst.name)
         os.replace(src, dst)
         shutil.rmtree(old, ignore_errors=True)
     else:
