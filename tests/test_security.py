@@ -23,6 +23,20 @@ def test_redact_masks_url_passwords_and_secret_environment_values(monkeypatch):
                             "key ***, header Bearer ***, CI=true, s3://bucket/path")
 
 
+@pytest.mark.parametrize(("uri", "masked"), [
+    ("http://ghp_abcdef123456@mlflow.example.com/", "http://***@mlflow.example.com/"),
+    ("https://mlflow.example.com/api?access_token=abc123def&experiment=7",
+     "https://mlflow.example.com/api?access_token=***&experiment=7"),
+    ("s3://bucket/m.bin?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=f00d&x=1",
+     "s3://bucket/m.bin?X-Amz-Credential=***&X-Amz-Signature=***&x=1"),
+    ("postgresql://bob:pa55@db:5432/mlflow?sslmode=require&password=pa55",
+     "postgresql://bob:***@db:5432/mlflow?sslmode=require&password=***"),
+    ("https://mlflow.example.com/#/experiments/1?tab=runs", "https://mlflow.example.com/#/experiments/1?tab=runs"),
+])
+def test_tokens_in_userinfo_and_query_parameters_are_masked(uri, masked):
+    assert redact(f"error: cannot reach {uri} (timeout)") == f"error: cannot reach {masked} (timeout)"
+
+
 def test_log_records_are_redacted_whatever_handler_writes_them(monkeypatch, caplog):
     monkeypatch.setenv("PREFECT_API_KEY", SECRET)
     install_log_redaction()
@@ -38,14 +52,16 @@ def test_log_records_are_redacted_whatever_handler_writes_them(monkeypatch, capl
 
 @pytest.mark.slow
 def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path):
-    # MLflow names the server in its error: the password must not come with it.
-    params = write_params(tmp_path, {"tracking": {"uri": f"http://alice:{SECRET}@127.0.0.1:9"}})
+    # MLflow names the server in its error: the token must not come with it (the user:password
+    # form is masked the same way: the Prefect state test below).
+    uri = f"http://{SECRET}@127.0.0.1:9/?access_token={SECRET}"
+    params = write_params(tmp_path, {"tracking": {"uri": uri}})
     proc = run_cli("bertflow", "run", "--until", "ingest", "-p", str(params), cwd=tmp_path,
                    check=False, env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
                                      "AWS_SECRET_ACCESS_KEY": "aws-" + SECRET})
     assert proc.returncode == 1
     output = proc.stdout + proc.stderr
-    assert "http://alice:***@127.0.0.1:9" in output
+    assert "http://***@127.0.0.1:9" in output
     assert SECRET not in output
     # The Prefect API the run starts for itself listens on loopback only.
     assert "temporary server on http://127.0.0.1:" in output

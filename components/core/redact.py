@@ -14,8 +14,13 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 MASK = "***"
-# scheme://user:password@host -> scheme://user:***@host (MLflow, S3, database, Dask URLs)
-_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s/@]+(?=@)", re.I)
+# scheme://user:password@host -> scheme://user:***@host, and scheme://TOKEN@host (a token as
+# the whole userinfo, as GitHub and some MLflow servers take it) -> scheme://***@host
+_URL_USERINFO = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://)(?P<info>[^\s/@?#]+)@", re.I)
+# ?access_token=...&X-Amz-Signature=... -> the values masked, the names kept
+_QUERY_SECRET = re.compile(
+    r"(?P<head>[?&;][\w.-]*(?:token|secret|password|passwd|pwd|key|sig|signature|credential|"
+    r"auth)[\w.-]*=)[^&;#\s'\"]+", re.I)
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
 _MIN_SECRET = 6  # shorter values ("1", "true") would mask ordinary words
 
@@ -27,11 +32,19 @@ def secret_values() -> list[str]:
 
 
 def redact(text: str) -> str:
-    """`text` with URL passwords and secret environment values masked."""
-    text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text)
+    """`text` with credentials in URLs (userinfo, token-like query values) and secret
+    environment values masked."""
+    text = _URL_USERINFO.sub(lambda m: m["head"] + _masked_userinfo(m["info"]) + "@", text)
+    text = _QUERY_SECRET.sub(lambda m: m["head"] + MASK, text)
     for value in secret_values():
         text = text.replace(value, MASK)
     return text
+
+
+def _masked_userinfo(info: str) -> str:
+    """`user:password` -> `user:***`; a lone `user` may be a token, so -> `***`."""
+    user, colon, _ = info.partition(":")
+    return f"{user}:{MASK}" if colon else MASK
 
 
 def install_log_redaction() -> None:
