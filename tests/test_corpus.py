@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from pathlib import Path
@@ -48,6 +49,38 @@ def test_ingest_user_folder_counts_binary_empty_and_non_utf8(tmp_path):
     assert stats["dropped"] == {"binary": 1, "empty": 1}
     assert stats["non_utf8_decoded"] == 1
     assert any("image.txt: binary" in p for p in stats["problems"])
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32", "utf-32-be"])
+def test_utf16_and_utf32_with_a_bom_are_text_not_binary(codec):
+    # Windows editors save "Unicode" as UTF-16 with a BOM: every other byte is NUL.
+    bom = {"utf-16-be": codecs.BOM_UTF16_BE, "utf-32-be": codecs.BOM_UTF32_BE}.get(codec, b"")
+    assert decode_bytes(bom + "Naïve café. Second line.".encode(codec), "cp1252") == \
+        ("Naïve café. Second line.", "ok")
+
+
+def test_symlinks_in_a_user_folder_are_followed_inside_the_project_and_refused_outside(tmp_path):
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    corpus = project / "data" / "user" / "corpus"
+    (project / "shared").mkdir(parents=True)
+    corpus.mkdir(parents=True)
+    elsewhere.mkdir()
+    (project / "shared" / "speech.txt").write_text(PROSE)
+    (corpus / "speeches").symlink_to(project / "shared")  # a linked folder: was skipped silently
+    (corpus / "loop").symlink_to(corpus)  # a cycle: each folder once
+    sources = [SourceConfig("mine", "txt_dir", "data/user/corpus")]
+    stats = ingest(IngestConfig(sources=sources), project, PACKAGES, project / "raw")
+    assert {r["doc_id"] for r in _read(project / "raw")} == {"mine:speeches/speech.txt"}
+    assert stats["documents"] == 1
+    (elsewhere / "secret.txt").write_text(PROSE)
+    (corpus / "outside.txt").symlink_to(elsewhere / "secret.txt")  # was read, unversioned
+    with pytest.raises(DataError, match=r"outside.txt: leads to .*elsewhere/secret.txt, outside "
+                                        r"the project"):
+        ingest(IngestConfig(sources=sources), project, PACKAGES, project / "raw2")
+    (corpus / "outside.txt").unlink()
+    (corpus / "gone.txt").symlink_to(project / "nothing.txt")
+    with pytest.raises(DataError, match=r"gone.txt: a broken symbolic link"):
+        ingest(IngestConfig(sources=sources), project, PACKAGES, project / "raw2")
 
 
 def test_decode_bytes_tells_binary_from_text():

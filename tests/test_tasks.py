@@ -238,6 +238,28 @@ def _unknown_builtin(tmp_path: Path) -> TaskConfig:
     return TaskConfig("classification", "imdb-sentiment")
 
 
+def _duplicate_header(tmp_path: Path) -> TaskConfig:
+    # `review,verdict,review`: every text was read from the last column, without a word.
+    (tmp_path / "bad.csv").write_text("review,verdict,review\n" + "".join(
+        f"great film {i},{'pos' if i % 2 else 'neg'},note {i}\n" for i in range(30)))
+    return TaskConfig("classification", "bad.csv", columns={"text": "review", "label": "verdict"})
+
+
+def _label_with_a_stray_space(tmp_path: Path) -> TaskConfig:
+    rows = [{"text": f"review {i}", "label": "pos" if i % 2 else "neg"} for i in range(40)]
+    rows[9]["label"] = " neg"  # was a third class
+    write_csv(tmp_path / "bad.csv", rows)
+    return TaskConfig("classification", "bad.csv")
+
+
+def _spans_all_too_long(tmp_path: Path) -> TaskConfig:
+    name = "The United States Department of Health and Human Services".split()
+    rows = [{"tokens": [*name, "said", str(i)], "tags": ["B-ORG"] + ["I-ORG"] * 8 + ["O", "O"]}
+            for i in range(20)]
+    write_jsonl(tmp_path / "bad.jsonl", rows)
+    return TaskConfig("span", "bad.jsonl", max_span_words=8)
+
+
 ERROR_CASES = {
     # case: (make the task, text the message must contain: file, row/line, value)
     "unknown_label": (_bad_label, ["bad.csv:8 (row 7)", "'awful'", "['bad', 'good', 'meh']"]),
@@ -253,6 +275,12 @@ ERROR_CASES = {
     "unreadable_csv": (_binary_csv, ["bad.csv", "not a readable text file"]),
     "unreadable_parquet": (_broken_parquet, ["bad.parquet", "not a readable Parquet file"]),
     "unknown_builtin": (_unknown_builtin, ["'imdb-sentiment'", "movie-sentiment", "news-order"]),
+    "duplicate_header": (_duplicate_header, ["bad.csv:1 (header)", "column 'review' appears more "
+                                             "than once"]),
+    "label_stray_space": (_label_with_a_stray_space, ["bad.csv:", "label ' neg' differs from 'neg' "
+                                                      "only by spaces or case (1 vs "]),
+    "spans_all_too_long": (_spans_all_too_long, ["every entity in train is longer than "
+                                                 "max_span_words (8)", "max_span_words"]),
 }
 
 
@@ -267,6 +295,24 @@ def test_bad_input_names_file_and_row_and_writes_nothing(tmp_path, case):
         assert text in str(info.value), f"{text!r} not in {info.value}"
     assert not out.exists()
     assert not list(tmp_path.glob("out/.t.*"))  # no temp folder left behind either
+
+
+def test_json_lines_may_hold_line_separators_inside_strings(tmp_path):
+    # U+2028 and U+0085 are valid inside a JSON string; str.splitlines split lines at them.
+    rows = [{"text": f"line one\u2028line two\u0085 {i}", "label": "ab"[i % 2]} for i in range(30)]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    stats, out = prepare(tmp_path, TaskConfig("classification", "r.jsonl"))
+    assert sum(stats["examples"].values()) == 30
+    assert "\u2028" in read_split(out, "train")["text"][0].as_py()
+
+
+def test_entities_longer_than_the_span_limit_are_counted(tmp_path):
+    rows = [{"tokens": ["Ann", "Lee", "met", "the", "Bank", "of", "the", "Republic", "of", "Ghana", str(i)],
+             "tags": ["B-PER", "I-PER", "O", "O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "I-ORG", "I-ORG",
+                      "O"]} for i in range(30)]
+    write_jsonl(tmp_path / "s.jsonl", rows)
+    stats, _ = prepare(tmp_path, TaskConfig("span", "s.jsonl", max_span_words=4))
+    assert stats["changed"]["entities_over_max_span_words"] == 30  # each ORG: 6 words, never found
 
 
 def test_unseen_label_in_test_is_named(tmp_path):

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import logging
+import os
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
@@ -80,12 +81,35 @@ def _read_txt(path: Path, where: str, fallback: str, stats: IngestStats) -> str 
     return text
 
 
-def _files(root: Path, suffixes: tuple[str, ...], source: SourceConfig) -> list[Path]:
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise DataError(f"ingest source '{source.name}': {root} does not exist")
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+def _files(base: Path, suffixes: tuple[str, ...], source: SourceConfig, project: Path) -> list[Path]:
+    """The files under `base` with one of `suffixes`, sorted. Symbolic links are followed when
+    they stay inside the project or `base`; one that leads elsewhere, or nowhere, is an error:
+    DVC tracks only what is inside, so a run elsewhere would read other data."""
+    if base.is_file():
+        return [base]
+    if not base.is_dir():
+        raise DataError(f"ingest source '{source.name}': {base} does not exist")
+    inside = (project.resolve(), base.resolve())
+    files, seen = [], {base.resolve()}
+    for folder, dirs, names in os.walk(base, followlinks=True):
+        dirs[:] = [d for d in sorted(dirs) if _first_visit(Path(folder) / d, seen)]  # no link cycles
+        for path in (Path(folder) / n for n in names if Path(n).suffix.lower() in suffixes):
+            real = path.resolve()
+            if not real.exists():
+                raise DataError(f"{path}: a broken symbolic link (to {real}); remove or fix it")
+            if not any(real == top or top in real.parents for top in inside):
+                raise DataError(f"{path}: leads to {real}, outside the project; copy the file in "
+                                "(DVC versions only what is inside the project)")
+            files.append(path)
+    return sorted(files)
+
+
+def _first_visit(folder: Path, seen: set[Path]) -> bool:
+    real = folder.resolve()
+    if real in seen:
+        return False
+    seen.add(real)
+    return True
 
 
 def _iter_packaged(source: SourceConfig, packages_dir: Path,
@@ -158,16 +182,16 @@ def iter_source(source: SourceConfig, root: Path, packages_dir: Path, stats: Ing
     if base is None:
         raise DataError(f"ingest source '{source.name}': kind {source.kind} needs a path")
     if source.kind == "txt_dir":
-        for path in _files(base, (".txt",), source):
+        for path in _files(base, (".txt",), source, root):
             rel = path.relative_to(base) if base.is_dir() else Path(path.name)
             text = _read_txt(path, f"{source.name}:{rel.as_posix()}", fallback, stats)
             if text is not None:
                 yield rel.as_posix(), text
     elif source.kind == "jsonl":
-        for path in _files(base, (".jsonl", ".json"), source):
+        for path in _files(base, (".jsonl", ".json"), source, root):
             yield from _iter_jsonl(path, source)
     else:
-        for path in _files(base, (".parquet",), source):
+        for path in _files(base, (".parquet",), source, root):
             yield from _iter_parquet(path, source)
 
 

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import codecs
 import re
 import unicodedata
 
 _PARAGRAPHS = re.compile(r"\n\s*\n")  # a blank line ends a paragraph; single newlines are wrapping
+# UTF-32's little-endian BOM begins with UTF-16's: the longer ones are tried first.
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+              (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
 
 
 def decode_bytes(data: bytes, fallback: str) -> tuple[str | None, str]:
     """Bytes -> (text, status): status is ok, fallback (not UTF-8), empty or binary."""
     if not data.strip():
         return None, "empty"
+    for bom, codec in _WIDE_BOMS:  # UTF-16/32 text is full of NUL bytes: known by its BOM
+        if data.startswith(bom):
+            try:
+                return data[len(bom):].decode(codec), "ok"
+            except UnicodeDecodeError:
+                return None, "binary"
     if b"\x00" in data:
         return None, "binary"
     try:

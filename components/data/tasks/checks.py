@@ -4,6 +4,7 @@ Expectations suite (the data contract)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from pathlib import Path
@@ -17,6 +18,7 @@ from components.data import validation
 from components.data.tasks.folder import SPLIT_NAMES
 from components.data.tasks.source import KINDS, ROLES, Context, Example
 
+log = logging.getLogger(__name__)
 _BIO = re.compile(r"^(O|[BI]-\S+)$")
 
 
@@ -99,6 +101,7 @@ def task_labels(splits: dict[str, list[Example]], ctx: Context) -> list[str]:
     if ctx.task.labels:
         return list(ctx.task.labels)
     labels = sorted({lab for ex in splits["train"] for lab in example_labels(ex, kind)})
+    _refuse_near_duplicates(labels, splits["train"], kind)
     known = set(labels)
     what = "label" if kind in ("classification", "pair") else "entity type"
     for split in ("valid", "test"):
@@ -109,6 +112,50 @@ def task_labels(splits: dict[str, list[Example]], ctx: Context) -> list[str]:
                                     f"train (train has "
                                     f"{labels}); add it to train or list the task's labels")
     return labels
+
+
+def _refuse_near_duplicates(labels: list[str], train: list[Example], kind: str) -> None:
+    """Labels that differ only by spaces or case (`" neg"` beside `neg`) are one label mistyped:
+    as two they would be two classes, each with half the examples."""
+    groups: dict[str, list[str]] = {}
+    for lab in labels:
+        groups.setdefault(" ".join(lab.split()).casefold(), []).append(lab)
+    for same in (g for g in groups.values() if len(g) > 1):
+        counts = Counter(lab for ex in train for lab in example_labels(ex, kind) if lab in same)
+        rare = min(same, key=lambda lab: (counts[lab], lab))
+        where = next(ex["_where"] for ex in train if rare in example_labels(ex, kind))
+        others = ", ".join(repr(lab) for lab in same if lab != rare)
+        raise DataError(f"{where}: label {rare!r} differs from {others} only by spaces or case "
+                        f"({counts[rare]} vs {sum(counts.values()) - counts[rare]} examples); "
+                        "write it one way")
+
+
+def entity_lengths(tags: list[str]) -> list[int]:
+    """Length in words of each entity in BIO `tags`."""
+    lengths: list[int] = []
+    for tag in tags:
+        if tag.startswith("B-"):
+            lengths.append(1)
+        elif tag.startswith("I-") and lengths:
+            lengths[-1] += 1
+    return lengths
+
+
+def count_long_spans(splits: dict[str, list[Example]], ctx: Context) -> None:
+    """A span task's model scores spans of up to `max_span_words` words: a longer entity can
+    never be found. Counted in the stats (`changed.entities_over_max_span_words`) and logged;
+    an error when no entity of train fits."""
+    limit = ctx.task.max_span_words
+    over = {split: sum(n > limit for ex in exs for n in entity_lengths(ex["tags"]))
+            for split, exs in splits.items()}
+    fits = sum(n <= limit for ex in splits["train"] for n in entity_lengths(ex["tags"]))
+    if over["train"] and not fits:
+        raise DataError(f"task '{ctx.name}' ({ctx.source}): every entity in train is longer than "
+                        f"max_span_words ({limit}); raise finetune.tasks.{ctx.name}.max_span_words")
+    if sum(over.values()):
+        ctx.changed["entities_over_max_span_words"] = sum(over.values())
+        log.warning("task %s: %s entities are longer than max_span_words (%d), so they cannot be "
+                    "found; per split: %s", ctx.name, sum(over.values()), limit, over)
 
 
 def check_splits(splits: dict[str, list[Example]], labels: list[str], ctx: Context) -> None:

@@ -123,6 +123,10 @@ def _csv_rows(path: Path, columns: dict[str, str]) -> Any:
                             delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
     try:
         present = list(reader.fieldnames or [])
+        twice = sorted({c for c in present if present.count(c) > 1})
+        if twice:  # DictReader would keep the last column of each name without a word
+            raise DataError(f"{path}:1 (header): column {', '.join(map(repr, twice))} appears more "
+                            "than once; name each column once")
         _missing(path, columns, present, f"{path}:1 (header)")
         for row_no, row in enumerate(reader, 1):
             where = f"{path}:{reader.line_num} (row {row_no})"
@@ -134,9 +138,15 @@ def _csv_rows(path: Path, columns: dict[str, str]) -> Any:
         raise DataError(f"{path}:{reader.line_num}: not readable as CSV ({e})") from None
 
 
+def _lines(text: str) -> list[str]:
+    """Lines end at \\n (and \\r\\n) only: str.splitlines also splits at U+2028, U+0085 and
+    other characters that valid JSON strings and tokens may hold."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def _jsonl_rows(path: Path, columns: dict[str, str]) -> Any:
     """(where, record) of a JSON Lines file: one object per line."""
-    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+    for lineno, line in enumerate(_lines(read_text(path)), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -195,7 +205,7 @@ def read_conll(path: Path, columns: dict[str, str], ctx: Context) -> list[Exampl
             tokens.clear()
             tags.clear()
 
-    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+    for lineno, line in enumerate(_lines(read_text(path)), 1):
         parts = line.split("\t") if "\t" in line else line.split()
         parts = [p.strip() for p in parts]
         if not any(parts):

@@ -29,6 +29,7 @@ from components.data.tasks.checks import (
     check_config,
     check_example,
     check_splits,
+    count_long_spans,
     example_labels,
     task_labels,
     validate_split,
@@ -51,6 +52,8 @@ def prepare_task(name: str, task: TaskConfig, root: Path, packages_dir: Path, ou
     if 0 < task.max_train_examples < full_train:
         splits["train"] = _sample(splits["train"], task.max_train_examples, task.split_seed)
     check_splits(splits, labels, ctx)
+    if task.kind == "span":
+        count_long_spans(splits, ctx)
     with atomic_dir(out_dir) as tmp:
         for split in SPLIT_NAMES:
             table = _to_table(splits[split], task.kind)
