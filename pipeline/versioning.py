@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from components.core.errors import BertflowError
+
 
 def is_dvc_project(root: Path) -> bool:
     """True if `root` has a dvc.yaml and an initialised .dvc folder."""
@@ -54,7 +56,25 @@ def commit(root: Path, stage: str) -> None:
         tmp.write_bytes(lock.read_bytes() if lock.exists() else b"")
     with _repo(root) as repo:
         repo.commit(stage, force=True)
+        # DVC logs a failed cache copy (a full disk: ENOSPC) and records the stage all the same;
+        # its status then says "not in cache". Recorded so, the stage's outputs exist nowhere
+        # but in the workspace: put dvc.lock back and fail instead.
+        missing = repo.status(targets=[stage])
+    if missing:
+        recover_lock(root)
+        raise BertflowError(f"stage {stage}: DVC could not store its outputs in its cache "
+                            f"({_status_line(missing)}); dvc.lock is left as it was, so the stage "
+                            "runs again: free space in the DVC cache (`dvc cache dir` says "
+                            "where) and rerun")
     _journal(root).unlink()
+
+
+def _status_line(status: dict) -> str:
+    """`{'ingest': [{'changed outs': {'data/raw': 'not in cache'}}]}` -> `data/raw: not in cache`."""
+    parts = [f"{path}: {what}" for changes in status.values() for change in changes
+             if isinstance(change, dict) for group in change.values() if isinstance(group, dict)
+             for path, what in group.items()]
+    return "; ".join(parts) or str(status)
 
 
 def recover_lock(root: Path) -> bool:

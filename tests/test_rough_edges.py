@@ -365,3 +365,31 @@ def test_a_damaged_tracking_store_is_one_line_in_every_command(tmp_path, command
     assert out.stderr.strip().splitlines()[-1].startswith(
         f"error: {tmp_path / 'mlflow.db'}: cannot read the MLflow store (file is not a database)")
     assert "Traceback" not in out.stderr and not (tmp_path / "data" / "raw").exists()
+
+
+# Faults are failures: a full disk under the DVC cache ---------------------------------------------
+
+@pytest.fixture
+def full_cache(tmp_path) -> Path:
+    """A 64 kB tmpfs for the DVC cache: the first file copied into it fills it (ENOSPC)."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    yield tiny
+    subprocess.run(["umount", "-l", str(tiny)], check=True)
+
+
+def test_a_cache_copy_that_fails_fails_the_stage_and_records_nothing(dvc_project, full_cache):
+    from components.core.errors import BertflowError
+    from pipeline import versioning
+
+    run_cli("bertflow", "stage", "ingest", cwd=dvc_project)  # the stage; the flow then records it
+    run_cli("dvc", "cache", "dir", str(full_cache), cwd=dvc_project)
+    # DVC logs the failed copy and records the stage anyway ("not in cache" afterwards).
+    with pytest.raises(BertflowError, match=r"stage ingest: DVC could not store its outputs in its "
+                                            r"cache \(data/raw: not in cache\); dvc.lock is left"):
+        versioning.commit(dvc_project, "ingest")
+    assert not (dvc_project / "dvc.lock").exists()
+    assert versioning.is_stale(dvc_project, "ingest")  # so the next run does it again
