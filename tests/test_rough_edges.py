@@ -46,6 +46,26 @@ def test_the_model_refuses_empty_or_whitespace_text_in_any_text_column(models, b
             predict_rows(pairs, [row])
 
 
+def test_a_call_over_the_row_or_text_limits_is_refused_naming_the_limit(models, monkeypatch):
+    from dataclasses import replace
+
+    from components.core.errors import DataError
+    from components.lifecycle.inference import Limits, load_task_model, predict_rows
+
+    monkeypatch.setenv("BERTFLOW_MAX_TEXT_CHARS", "40")
+    reviews = load_task_model(models["reviews"])
+    assert reviews.limits == Limits(max_rows=1000, max_text_chars=40)
+    assert len(predict_rows(reviews, [{"text": "x" * 40}])) == 1
+    with pytest.raises(DataError, match=r"^row 1: column 'text' holds 41 characters; at most 40 "
+                                        r"\(BERTFLOW_MAX_TEXT_CHARS\)$"):
+        predict_rows(reviews, [{"text": "fine"}, {"text": "x" * 41}])
+    with pytest.raises(DataError, match=r"^3 rows in one call; at most 2 \(BERTFLOW_MAX_ROWS\)"):
+        predict_rows(replace(reviews, limits=Limits(max_rows=2)), [{"text": "a film"}] * 3)
+    monkeypatch.setenv("BERTFLOW_MAX_ROWS", "lots")
+    with pytest.raises(DataError, match=r"^BERTFLOW_MAX_ROWS='lots': must be a positive whole number$"):
+        load_task_model(models["reviews"])
+
+
 def test_the_pyfunc_model_turns_a_blank_text_into_a_bad_request(models, tmp_path):
     # What `mlflow models serve` answers with 400 (tests/test_serving.py asks a real server).
     import mlflow

@@ -97,14 +97,15 @@ def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, 
 
 
 @pytest.mark.slow
-def test_rest_answers_an_empty_or_blank_text_with_400(pyfunc_model, tmp_path):
+def test_rest_answers_blank_text_and_requests_over_the_limits_with_400(pyfunc_model, tmp_path):
     import httpx
 
     from tests.test_lifecycle import _env, _free_port, _start, _stop
 
     port = _free_port()
     server = _start(["mlflow", "models", "serve", "-m", str(pyfunc_model), "--env-manager", "local",
-                     "-h", "127.0.0.1", "-p", str(port)], tmp_path, _env(),
+                     "-h", "127.0.0.1", "-p", str(port)], tmp_path,
+                    _env(BERTFLOW_MAX_ROWS="4", BERTFLOW_MAX_TEXT_CHARS="1000"),
                     f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
     try:
         url = f"http://127.0.0.1:{port}/invocations"
@@ -115,5 +116,10 @@ def test_rest_answers_an_empty_or_blank_text_with_400(pyfunc_model, tmp_path):
                                 timeout=60)
             assert answer.status_code == 400, (blank, answer.text)
             assert "row 1: column 'text' is empty or whitespace only" in answer.json()["message"]
+        # The limits whoever serves the model set: one request cannot take the server's memory.
+        for records, message in (([{"text": "a great film"}] * 5, "5 rows in one call; at most 4"),
+                                 ([{"text": "film " * 201}], "row 0: column 'text' holds 1,005 characters")):
+            answer = httpx.post(url, json={"dataframe_records": records}, timeout=60)
+            assert answer.status_code == 400 and message in answer.json()["message"], answer.text
     finally:
         _stop(server)

@@ -9,6 +9,7 @@ model answers exactly as it was scored. Batches are length-bucketed (no padding 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,50 @@ TEXTS = ("text", "text_a", "text_b")
 """The input columns that hold raw text (each must hold some)."""
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one call may hold, so that one request cannot take the server's memory: rows, and
+    characters per text (a model reads only its first max_seq_len tokens anyway)."""
+
+    max_rows: int = 1000
+    """Rows per call (a REST request, a batch of `bertflow predict`)."""
+    max_text_chars: int = 100_000
+    """Characters per text, token lists joined."""
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """The defaults, or BERTFLOW_MAX_ROWS and BERTFLOW_MAX_TEXT_CHARS where set (whoever
+        serves the model sets them, e.g. for `mlflow models serve`)."""
+        values = {}
+        for field, var in (("max_rows", "BERTFLOW_MAX_ROWS"), ("max_text_chars", "BERTFLOW_MAX_TEXT_CHARS")):
+            raw = os.environ.get(var, "").strip()
+            if raw:
+                if not raw.isdigit() or int(raw) < 1:
+                    raise DataError(f"{var}={raw!r}: must be a positive whole number")
+                values[field] = int(raw)
+        return cls(**values)
+
+    def check(self, rows: list[dict]) -> None:
+        """DataError (HTTP 400 over REST) naming the first row or text over a limit."""
+        if len(rows) > self.max_rows:
+            raise DataError(f"{len(rows)} rows in one call; at most {self.max_rows} "
+                            "(BERTFLOW_MAX_ROWS): send them in smaller batches")
+        for i, row in enumerate(rows):
+            for column in (*TEXTS, "tokens"):
+                if (size := _chars(row.get(column))) > self.max_text_chars:
+                    raise DataError(f"row {i}: column {column!r} holds {size:,} characters; at most "
+                                    f"{self.max_text_chars:,} (BERTFLOW_MAX_TEXT_CHARS)")
+
+
+def _chars(value: Any) -> int:
+    """Characters of a text, or of a token list (a list or an array) joined by spaces."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list | tuple) or hasattr(value, "__array__"):
+        return sum(len(str(t)) + 1 for t in value)
+    return 0
+
+
 @dataclass
 class TaskModel:
     """An exported task model, loaded for prediction: its record, the head, the tokenizer."""
@@ -43,6 +88,7 @@ class TaskModel:
     info: TaskModelInfo
     model: Any  # the torch head in eval mode
     tokenizer: Any
+    limits: Limits = Limits()
 
     @property
     def kind(self) -> str:
@@ -57,7 +103,7 @@ def load_task_model(model_dir: Path) -> TaskModel:
     model = task_model(info.config, info.task.kind, info.space, info.crf, info.task.max_span_words)
     model.load_state_dict(read_weights(model_dir / "model.safetensors"))
     model.eval()  # predict() runs under no_grad
-    return TaskModel(info, model, load_tokenizer(model_dir, info.config))
+    return TaskModel(info, model, load_tokenizer(model_dir, info.config), Limits.from_env())
 
 
 def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
@@ -131,6 +177,7 @@ def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[
     (word indices, end exclusive), label, start_char, end_char, text} and, for spans, a score."""
     if not rows:
         return []
+    tm.limits.check(rows)
     check_columns(tm.kind, sorted({k for row in rows for k in row}))
     info, task = tm.info, tm.info.task
     if tm.kind in ("classification", "pair"):
