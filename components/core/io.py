@@ -44,6 +44,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     after everything in it was written (and validated, when the caller validates inside).
     """
     final = Path(final)
+    made = [p for p in final.parents if not p.exists()]  # innermost first: removed on error
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}.*-*"):  # left by a killed earlier run ...
         if (stale / TEMP_MARK).is_file():  # ... and only those: never a user's `.raw.backup-1`
@@ -53,6 +54,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:  # a failed first run leaves no empty data/ behind either
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
     (tmp / TEMP_MARK).unlink()
     replace_path(tmp, final)

@@ -42,7 +42,7 @@ from components.core.io import SPLITS, atomic_dir, list_shards
 from components.core.parallel import ShardExecutor
 from components.core.seeds import stable_hash
 from components.data import validation
-from components.data.tokenizer import CLS, SEP, TOKENIZER_FILE
+from components.data.tokenizer import CLS, SEP, load
 
 PAIRS_SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
@@ -225,10 +225,8 @@ class _ShardTask:
 
 def _pairs_shard(task: _ShardTask) -> Counter:
     """Build and write the instances of one clean shard; return its counts."""
-    from tokenizers import Tokenizer
-
     cfg = task.cfg
-    tok = Tokenizer.from_file(str(task.tokenizer / TOKENIZER_FILE))
+    tok = load(task.tokenizer)
     tok.encode_special_tokens = True  # "[SEP]" written in a document is text, not a separator
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
     docs = tokenize_documents(tok, pq.read_table(task.src, columns=["sentences"])

@@ -248,9 +248,19 @@ def write_vocab(tok, folder: Path) -> None:
 
 def load(folder: Path):
     """The saved tokenizer (`tokenizers.Tokenizer`)."""
-    from tokenizers import Tokenizer
-
     path = Path(folder) / TOKENIZER_FILE
     if not path.exists():
         raise DataError(f"{path}: no tokenizer; run the tokenizer stage first")
-    return Tokenizer.from_file(str(path))
+    return read_file(path)
+
+
+def read_file(path: Path):
+    """`tokenizers.Tokenizer.from_file`, with an error naming the file when it is damaged
+    (truncated, edited by hand): the library's own names neither the file nor the fix."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise DataError(f"{path}: not a readable tokenizer file ({e}); rerun the stage that "
+                        "wrote it") from None

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from components.core.errors import DataError
 from components.core.io import atomic_dir
-from components.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, UNK, add_template, heldout_stats, load
+from components.data.tokenizer import (
+    SPECIAL_TOKENS,
+    TOKENIZER_FILES,
+    UNK,
+    add_template,
+    heldout_stats,
+    load,
+    read_file,
+)
 from components.model.metadata import read_checkpoint_info
 
 
@@ -21,7 +29,7 @@ def checkpoint_tokenizer(folder: Path, vocab_size: int):
 
     folder = Path(folder)
     if (folder / "tokenizer.json").exists():
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok = read_file(folder / "tokenizer.json")
     elif (folder / "vocab.txt").exists():
         settings = folder / "tokenizer_config.json"
         lower = json.loads(settings.read_text()).get("do_lower_case", True) if settings.exists() else True

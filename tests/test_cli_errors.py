@@ -1,0 +1,115 @@
+"""Every command, given a broken input, ends in one `error:` line naming what is wrong: exit code
+1, no traceback, and nothing in the project changed (the MLflow store aside, which records a
+stage's failed run). The commands run in this process, through the console entry point."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from tests.conftest import small_params, write_params
+
+UNTOUCHED_BY_DESIGN = ("mlflow.db", ".bertflow-run.lock")
+
+
+def _params(root: Path, **sections) -> None:
+    write_params(root, small_params(tracking={"uri": "sqlite:///mlflow.db"}, **sections))
+
+
+def _write(relative: str, content: bytes, **sections) -> Callable[[Path], None]:
+    def setup(root: Path) -> None:
+        _params(root, **sections)
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(content)
+    return setup
+
+
+def _with(**sections) -> Callable[[Path], None]:
+    return lambda root: _params(root, **sections)
+
+
+def _raw_params(text: bytes) -> Callable[[Path], None]:
+    return lambda root: (root / "params.yaml").write_bytes(text)
+
+
+def _link_outside(root: Path) -> None:
+    _params(root, ingest={"sources": [{"name": "mine", "kind": "txt_dir", "path": "data/user/c"}]})
+    (root / "data" / "user" / "c").mkdir(parents=True)
+    (root.parent / "elsewhere.txt").write_text("Text from elsewhere. More of it.")
+    (root / "data" / "user" / "c" / "a.txt").symlink_to(root.parent / "elsewhere.txt")
+
+
+JSONL_SOURCE = {"sources": [{"name": "j", "kind": "jsonl", "path": "data/user/docs.jsonl"}]}
+CSV_TASK = {"tasks": {"mine": {"kind": "classification", "source": "data/user/t.csv"}}}
+CASES = {
+    # name: (set the project up, the command, what its one error line says)
+    "params_missing": (lambda root: None, ["stage", "ingest"], "params.yaml: params file not found"),
+    "params_not_utf8": (_raw_params(b"# r\xe9sum\xe9\npretrain: {lr: 0.1}\n"), ["stage", "ingest"],
+                        "not UTF-8"),
+    "params_key_twice": (_raw_params(b"pretrain:\n  lr: 0.1\n  lr: 0.2\n"), ["run"], "key 'lr' given twice"),
+    "params_unknown_key": (_with(clean={"min_sentense_chars": 3}), ["run"],
+                           "clean.min_sentense_chars: unknown key"),
+    "params_heads_zero": (_with(model={"presets": {"mini": {"layers": 4, "hidden": 256, "heads": 0,
+                                                            "intermediate": 1024}}}),
+                          ["stage", "ingest"], "model.presets.mini: layers, hidden, heads"),
+    "output_is_checkout": (_with(paths={"raw": ""}), ["stage", "ingest"], "paths.raw: '' must be a folder"),
+    "output_is_your_data": (_with(paths={"raw": "data/user"}), ["run"], "overlaps paths.user_data"),
+    "unknown_stage": (_params, ["stage", "pretrain-all"], "unknown stage 'pretrain-all'"),
+    "unknown_task": (_params, ["stage", "task_data@nope"], "no task 'nope' in finetune.tasks"),
+    "until_unknown": (_params, ["run", "--until", "bogus"], "unknown stage 'bogus'"),
+    "clean_before_ingest": (_params, ["stage", "clean"], "run the ingest stage first"),
+    "tokenizer_before_clean": (_params, ["stage", "tokenizer"], "run the clean stage first"),
+    "pairs_before_tokenizer": (_params, ["stage", "pairs"], "run the tokenizer stage first"),
+    "tokenizer_truncated": (_write("data/tokenizer/tokenizer.json", b'{"version": "1.0", "tru'),
+                            ["stage", "pairs"], "tokenizer.json: not a readable tokenizer file"),
+    "finetune_before_pretrain": (_params, ["stage", "finetune@movie-sentiment"],
+                                 "no pretrained encoder; run the pretrain stage first"),
+    "evaluate_before_task_data": (_params, ["stage", "evaluate@movie-sentiment"],
+                                  "run the task_data stage for this task first"),
+    "transfer_before_evaluate": (_params, ["stage", "transfer"], "run evaluate@movie-sentiment first"),
+    "corpus_jsonl_bad_line": (_write("data/user/docs.jsonl", b'{"text": "ok"}\n{"text": \n',
+                                     ingest=JSONL_SOURCE),
+                              ["stage", "ingest"], "docs.jsonl:2: not a valid JSON line"),
+    "corpus_missing_folder": (_with(ingest={"sources": [{"name": "m", "kind": "txt_dir", "path": "nope"}]}),
+                              ["stage", "ingest"], "ingest source 'm':"),
+    "corpus_link_outside": (_link_outside, ["stage", "ingest"], "outside the project"),
+    "task_csv_header_twice": (_write("data/user/t.csv", b"text,label,text\na,b,c\n", finetune=CSV_TASK),
+                              ["stage", "task_data@mine"], "column 'text' appears more than once"),
+    "predict_nothing_registered": (_params, ["predict", "movie-sentiment", "--text", "fine"],
+                                   "no registry here yet"),
+    "predict_blank_text": (_params, ["predict", "movie-sentiment", "--text", " "], "empty or whitespace"),
+    "predict_neither_text_nor_file": (_params, ["predict", "movie-sentiment"], "give --text"),
+    "promote_without_registry": (_params, ["registry", "promote", "nope", "1"], "no registry here yet"),
+    "attention_no_encoder": (_params, ["attention", "a bank"], "or give --model FOLDER"),
+    "compare_missing_file": (_params, ["compare", "a=nothere.json"], "expected LABEL=PATH of an existing"),
+    "store_damaged": (_write("mlflow.db", b"this is not a database" * 100), ["registry", "list"],
+                      "mlflow.db"),
+}
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+            for p in sorted(root.rglob("*")) if not p.name.startswith(UNTOUCHED_BY_DESIGN)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_broken_input_ends_in_one_error_line_and_changes_nothing(case, tmp_path, monkeypatch, capfd):
+    setup, argv, message = CASES[case]
+    root = tmp_path / "project"
+    root.mkdir()
+    setup(root)
+    before = _tree(root)
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "argv", ["bertflow", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capfd.readouterr().err
+    assert exited.value.code == 1, err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, err
+    assert _tree(root) == before
