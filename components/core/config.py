@@ -485,7 +485,7 @@ def check_paths(paths: PathsConfig, root: Path, where: str) -> None:
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
     except FileNotFoundError:
         where = f" (extended by {seen[-1]})" if seen else ""
         raise ConfigError(f"{path}: params file not found{where}") from None
