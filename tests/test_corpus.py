@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +20,7 @@ from components.core.io import list_shards
 from components.data.clean import CLEAN_SCHEMA, choose_heldout, clean, normalize
 from components.data.ingest import RAW_SCHEMA, ingest
 from components.data.text import decode_bytes, split_sentences
-from tests.conftest import PACKAGES
+from tests.conftest import PACKAGES, ROOT
 
 SERIAL = ExecutorConfig(kind="serial")
 PROSE = ("The committee met on Tuesday to discuss the budget. Members argued about the schools. "
@@ -258,3 +261,49 @@ def test_dask_executor_gives_the_same_output(stages_dir, tmp_path):
         a = list_shards(stages_dir / "clean" / split)
         b = list_shards(tmp_path / "dask" / split)
         assert [x.read_bytes() for x in a] == [y.read_bytes() for y in b]
+
+
+# The clean stage in a fresh process, its peak RSS growth measured around it.
+_CLEAN_MEASURED = """
+import json, resource, sys
+from pathlib import Path
+import great_expectations  # noqa: F401  (~150 MB; validation imports it: before the baseline)
+from components.core.config import CleanConfig, ExecutorConfig
+from components.data.clean import clean
+def peak():  # MB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin"
+                                                                  else 2**10)
+before = peak()
+stats = clean(CleanConfig(heldout_fraction=0.02), ExecutorConfig(kind="serial"), Path(sys.argv[1]),
+              Path(sys.argv[2]))
+print(json.dumps({"stats": stats, "growth_mb": peak() - before}))
+"""
+
+
+def test_clean_of_a_huge_single_line_in_bounded_memory(tmp_path):
+    # A 5 MB document on one line: 100,000 short sentences (1.1 million words) around a 1.6 MB
+    # run without a space (minified data). Its MinHash alone took 1 KB per word (1.3 GB here,
+    # 10 GB for 50 MB); blingfire took 25 bytes per character of the whole line, and more.
+    sentences = [f"Row {i} is a bit of a set in a pen." for i in range(100_000)]
+    blob = "Data:" + "0123456789abcdef" * 100_000  # longer than a piece of text.PIECE_CHARS
+    line = " ".join(sentences[:50_000]) + " " + blob + " " + " ".join(sentences[50_000:])
+    around = {"before": ["The committee met on Tuesday to discuss the budget.",
+                         "Members argued about the schools."],
+              "after": ["The chair asked for a vote before lunch.",
+                        "Nobody expected the result to be so close."]}
+    _raw_shard(tmp_path / "raw", [("before", " ".join(around["before"])), ("dump", line),
+                                  ("after", " ".join(around["after"]))])
+    proc = subprocess.run([sys.executable, "-c", _CLEAN_MEASURED, str(tmp_path / "raw"),
+                           str(tmp_path / "clean")], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the run without a sentence end is one sentence, dropped once; it swallowed the next one
+    assert result["stats"]["sentences_dropped"] == {"too_long": 1}
+    assert result["stats"]["documents_out"] == 3
+    kept = {r["doc_id"]: r["sentences"] for split in ("train", "heldout")
+            for r in _read(tmp_path / "clean" / split)}
+    assert kept["dump"] == sentences[:50_000] + sentences[50_001:]  # as from the whole line
+    assert {d: kept[d] for d in around} == around
+    # ~110 MB now, 1,330 MB before the fix
+    assert result["growth_mb"] < 500, result["growth_mb"]

@@ -17,6 +17,7 @@ import shutil
 import sys
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,14 @@ CLEAN_SCHEMA = pa.schema([
     ("doc_id", pa.string()), ("source", pa.string()), ("sentences", pa.list_(pa.string())),
 ])
 MINHASH_SCHEME = "affine32"  # datasketch's hashing scheme, fixed so signatures stay comparable
-_WS = re.compile(r"[^\S\n]+")  # runs of whitespace other than newlines
+# Whitespace other than newlines that is not a single space already, made one space: matching
+# every single space as well gave the same text but a list of two strings per word (65 MB for 5 MB
+# of text, 0.7 GB for a 50 MB line).
+_WS = re.compile(r"[^\S\n]{2,}|[^\S\n ]")
+# Documents are hashed and shingled in batches of words from this many characters: the same
+# hash and MinHash as from one list of all the words, which has 7 million words for a 50 MB line,
+# and the MinHash of a batch is a (shingles, num_perm) uint64 array (1 KB per shingle: 10 GB).
+_WORD_BATCH_CHARS = 50_000
 
 
 @functools.cache
@@ -87,14 +95,34 @@ def choose_heldout(doc_ids: list[str], fraction: float, seed: int) -> set[str]:
     return chosen
 
 
-def minhash_signature(words: list[str], cfg: CleanConfig) -> np.ndarray:
-    """MinHash of the word shingles of a document: (num_perm,) uint64."""
+def word_batches(text: str) -> Iterator[list[str]]:
+    """text.split() in batches, cut at spaces (so the same words in the same order)."""
+    start = 0
+    while start < len(text):
+        end = text.find(" ", start + _WORD_BATCH_CHARS)
+        end = len(text) if end < 0 else end
+        yield text[start:end].split()
+        start = end
+
+
+def minhash_signature(batches: Iterable[list[str]], cfg: CleanConfig) -> np.ndarray:
+    """MinHash of the word shingles of a document, whose words come in batches: (num_perm,)
+    uint64. A document shorter than a shingle is one shingle of all its words."""
     from datasketch import MinHash
 
     k = cfg.shingle_words
-    shingles = [" ".join(words[i:i + k]).encode() for i in range(max(1, len(words) - k + 1))]
     m = MinHash(num_perm=cfg.num_perm, seed=cfg.seed, scheme=MINHASH_SCHEME)
-    m.update_batch(shingles)
+    words: list[str] = []  # the last k - 1 words of the previous batch, then this batch
+    shingled = False
+    for batch in batches:
+        words += batch
+        shingles = [" ".join(words[i:i + k]).encode() for i in range(len(words) - k + 1)]
+        if shingles:
+            m.update_batch(shingles)  # the minimum per permutation: batches change nothing
+            shingled = True
+        words = words[len(words) - k + 1:] if len(words) >= k else words
+    if not shingled:
+        m.update_batch([" ".join(words).encode()])
     return m.hashvalues
 
 
@@ -121,6 +149,9 @@ def _clean_shard(task: _ShardTask) -> _ShardResult:
     out: dict[str, list] = {"doc_id": [], "source": [], "sentences": []}
     hashes, signatures = [], []
     table = pq.read_table(task.src)
+    # Arrow's allocator keeps what decoding took (~4x the text of a huge document) for Arrow to
+    # reuse; the Python steps below can't: it goes back (a 50 MB line: 0.49 -> 0.31 GB peak)
+    pa.default_memory_pool().release_unused()
     for doc_id, source, text in zip(*(table[c].to_pylist() for c in ("doc_id", "source", "text")),
                                     strict=True):
         counts["documents_in"] += 1
@@ -137,9 +168,13 @@ def _clean_shard(task: _ShardTask) -> _ShardResult:
         if len(kept) < cfg.min_doc_sentences:
             counts["documents_dropped.few_sentences"] += 1
             continue
-        words = " ".join(kept).lower().split()
-        hashes.append(hashlib.blake2b(" ".join(words).encode(), digest_size=16).hexdigest())
-        signatures.append(minhash_signature(words, cfg) if cfg.dedup_near else np.zeros(0))
+        text = " ".join(kept).lower()
+        digest = hashlib.blake2b(digest_size=16)  # of " ".join(text.split())
+        for i, batch in enumerate(b for b in word_batches(text) if b):
+            digest.update(((" " if i else "") + " ".join(batch)).encode())
+        hashes.append(digest.hexdigest())
+        signatures.append(minhash_signature(word_batches(text), cfg) if cfg.dedup_near
+                          else np.zeros(0))
         out["doc_id"].append(doc_id)
         out["source"].append(source)
         out["sentences"].append(kept)

@@ -7,6 +7,17 @@ import re
 import unicodedata
 
 _PARAGRAPHS = re.compile(r"\n\s*\n")  # a blank line ends a paragraph; single newlines are wrapping
+# blingfire reads a whole paragraph at once and needs ~25 bytes per character of it: 1.3 GB for a
+# 50 MB line (a dump, minified data) with no blank line in it. A paragraph longer than this is
+# split in pieces of this size (_split_long: ~25 MB each). Real paragraphs are far shorter (the
+# longest in the packaged corpora has 28,000 characters): their sentences are as they always were.
+PIECE_CHARS = 1_000_000
+# The last sentence of a piece, which its end may have cut short, is split again with the next
+# piece (on the packaged corpora cut every 700 characters this finds the sentences of the whole
+# paragraph but for 1 cut in 10,000); a "sentence" longer than this (minified data: no sentence
+# end) is not, but joined from its parts: one sentence, too long for clean.max_sentence_chars.
+_MAX_CARRY_CHARS = 100_000
+_SPACES = re.compile(r"\s{2,}|[^\S ]")  # the whitespace that " ".join(s.split()) changes
 # UTF-32's little-endian BOM begins with UTF-16's: the longer ones are tried first.
 _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
               (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
@@ -45,11 +56,52 @@ def split_sentences(text: str) -> list[str]:
 
     A single line break is line wrapping (mail, Gutenberg, 72-column text), not a boundary.
     """
-    import blingfire
-
     out = []
     for paragraph in _PARAGRAPHS.split(text):
+        if len(paragraph) > PIECE_CHARS:
+            out.extend(_split_long(paragraph))
+            continue
         paragraph = " ".join(paragraph.split())
         if paragraph:
-            out.extend(s.strip() for s in blingfire.text_to_sentences(paragraph).split("\n"))
+            out.extend(_sentences(paragraph))
     return [s for s in out if s]
+
+
+def _sentences(paragraph: str) -> list[str]:
+    import blingfire
+
+    return [s.strip() for s in blingfire.text_to_sentences(paragraph).split("\n")]
+
+
+def _split_long(paragraph: str) -> list[str]:
+    """The sentences of a paragraph longer than PIECE_CHARS, from pieces of it cut at spaces."""
+    # " ".join(paragraph.split()) without a list of every word (60 bytes each: 0.5 GB for 50 MB)
+    text = _SPACES.sub(" ", paragraph).strip()
+    out: list[str] = []
+    carry = ""  # the last sentence of the previous piece, split again with this one
+    long: list[str] = []  # the parts so far of a sentence longer than _MAX_CARRY_CHARS
+    glue = ""  # what stood between the previous piece and this one: " ", or "" in a cut word
+    start = 0
+    while start < len(text):
+        end, next_glue = min(start + PIECE_CHARS, len(text)), ""
+        if end < len(text) and (space := text.rfind(" ", start, end + 1)) > start:
+            end, next_glue = space, " "
+        piece = text[start:end]
+        start = end + len(next_glue)
+        sentences = [s for s in _sentences(carry + glue + piece if carry else piece) if s]
+        if long and sentences:  # the piece begins inside the long sentence, which ends where
+            long += [glue, sentences.pop(0)]  # another sentence begins
+            if sentences:
+                out.append("".join(long))
+                long = []
+        carry, glue = "", next_glue
+        if sentences and start < len(text):  # the last sentence may go on in the next piece
+            last = sentences.pop()  # blingfire keeps every character: the end of the chunk
+            if len(last) <= _MAX_CARRY_CHARS:
+                carry = last
+            else:
+                long = [last]
+        out.extend(sentences)
+    if long:
+        out.append("".join(long))
+    return out
