@@ -21,6 +21,10 @@ BIN = Path(sys.executable).parent
 
 # Before anything imports prefect: a private Prefect home, and the pipeline's quiet defaults.
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="bertflow-prefect-"))
+# One torch thread in this process and every process it starts (set before torch loads): two
+# cores shared by the test, its stage subprocesses and fine-tuning workers ran ~10% slower with
+# two threads each; and the same count everywhere keeps in-process and CLI results identical.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pipeline import env  # noqa: E402
 
 env.configure()
@@ -74,10 +78,9 @@ def run_cli(*args: str, cwd: Path, check: bool = True,
 
 @pytest.fixture(autouse=True)
 def _environment_as_found():
-    """Each test leaves os.environ as it found it. Libraries change it for the whole process:
-    Dask's LocalCluster sets OMP_NUM_THREADS=1, so every later subprocess (`bertflow run`)
-    would train with one thread while this process trains with two, and a model trained by the
-    CLI would differ from the same stage run in-process."""
+    """Each test leaves os.environ as it found it. Libraries change it for the whole process
+    (Dask's LocalCluster sets OMP_NUM_THREADS, Prefect and MLflow their settings), and every
+    later test and the subprocesses it starts would inherit the change."""
     before = dict(os.environ)
     yield
     os.environ.clear()
