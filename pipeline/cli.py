@@ -37,8 +37,7 @@ def run(
     check_configured_api()
     from pipeline.flow import pipeline_flow
 
-    with _terminate_as_failure():  # Prefect turns SIGTERM into a crashed flow run, then re-sends it
-        results = pipeline_flow(str(params), until, wait)
+    results = pipeline_flow(str(params), until, wait)
     width = max(map(len, results), default=10)
     for name, r in results.items():
         typer.echo(f"{name:{width}s} {r['status']:8s} {r['seconds']:7.1f} s")
@@ -69,24 +68,19 @@ def stage(
 
 @contextlib.contextmanager
 def _terminate_as_failure() -> Iterator[None]:
-    """SIGTERM (a `kill`, a service manager, a scheduler's timeout) ends the command as a failure:
-    its MLflow run FAILED, its temp outputs removed, exit code 143. Without this a stage died at
-    once, its MLflow run RUNNING for ever, and a run left Prefect's server behind. What the
-    command started goes first (each stage gets SIGTERM in turn, fine-tuning workers stop their
-    fits), so that nothing waits for them on the way out; the lock's watchdog stays to the end."""
+    """SIGTERM (a `kill`, a service manager, a scheduler's timeout) ends the stage as a failure:
+    its MLflow run FAILED, its temp outputs removed, exit code 143. Without this the process
+    died at once and its MLflow run stayed RUNNING for ever. Its worker processes go first, so
+    that nothing waits for their fits on the way out; the lock's watchdog stays to the end."""
     import signal
 
     import psutil
 
-    from pipeline import watchdog
-
-    def started(child: psutil.Process) -> bool:
-        with contextlib.suppress(psutil.Error):
-            return "pipeline.watchdog" not in " ".join(child.cmdline())
-        return False  # gone already
-
     def terminated(signum: int, frame) -> None:
-        watchdog.end(list(filter(started, psutil.Process().children())), watchdog.GRACE_SECONDS)
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "pipeline.watchdog" not in " ".join(child.cmdline()):
+                    child.kill()
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminated)
