@@ -158,3 +158,31 @@ def test_a_damaged_store_is_one_clear_error_naming_it(tmp_path, content):
     assert str(e.value).startswith(f"{tmp_path / 'mlflow.db'}: cannot read the MLflow store (")
     assert "restore it from a backup or move it aside" in str(e.value)
     assert (tmp_path / "mlflow.db").read_bytes() == content  # left as it was
+
+
+def test_a_store_left_with_a_hot_journal_by_a_killed_writer_is_read(tmp_path):
+    # A run killed mid-write leaves mlflow.db-journal; a read-only connection cannot roll it back
+    # ("attempt to write a readonly database"), so the next command's store check failed.
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+
+    from components.core.relocation import _connect
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table t(x)")
+        conn.executemany("insert into t values (?)", [("a" * 1000,)] * 2000)
+    writer = subprocess.Popen([sys.executable, "-c", (
+        f"import sqlite3, time; c = sqlite3.connect({str(db)!r}); c.execute('pragma cache_size=1');"
+        "c.execute('begin'); c.execute(\"update t set x = 'b' || x\"); print('ready', flush=True);"
+        "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "ready"
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert (tmp_path / "mlflow.db-journal").exists()
+    with _connect(db) as conn:  # rolled back: the killed update never happened
+        row = conn.execute("select count(*), min(x) = max(x), min(x) from t").fetchone()
+    assert row == (2000, 1, "a" * 1000)

@@ -46,7 +46,13 @@ def local_path(location: str | None) -> Path | None:
 
 
 def _connect(db: Path, write: bool = False) -> sqlite3.Connection:
-    # Read-only unless writing: the check must never create or change a store.
+    # Read-only unless writing: the check must never create or change a store. A writer killed
+    # mid-transaction leaves a hot journal, which a read-only connection cannot roll back
+    # ("attempt to write a readonly database"): an existing store is opened read-write once for
+    # sqlite to roll it back, as any later writer (MLflow) would.
+    if not write and Path(f"{db}-journal").exists():
+        with contextlib.closing(_connect(db, write=True)) as conn:
+            conn.execute("select count(*) from sqlite_master").fetchone()
     mode = "rw" if write else "ro"
     return sqlite3.connect(f"{db.resolve().as_uri()}?mode={mode}", uri=True, timeout=60)
 
