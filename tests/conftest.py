@@ -66,6 +66,13 @@ def write_params(folder: Path, data: dict) -> Path:
     return path
 
 
+def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+    """Every file's bytes (None for a folder) under `root`, by relative path; names starting
+    with one of `skip` left out."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+            for p in sorted(root.rglob("*")) if not p.name.startswith(skip)}
+
+
 def run_cli(*args: str, cwd: Path, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a console command of the venv (bertflow, dvc, git) in `cwd`, with `env` added."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from tests.conftest import small_params, write_params
+from tests.conftest import small_params, tree, write_params
 
 UNTOUCHED_BY_DESIGN = ("mlflow.db", ".bertflow-run.lock")
 
@@ -91,18 +91,13 @@ CASES = {
 }
 
 
-def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
-            for p in sorted(root.rglob("*")) if not p.name.startswith(UNTOUCHED_BY_DESIGN)}
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_broken_input_ends_in_one_error_line_and_changes_nothing(case, tmp_path, monkeypatch, capfd):
     setup, argv, message = CASES[case]
     root = tmp_path / "project"
     root.mkdir()
     setup(root)
-    before = _tree(root)
+    before = tree(root, UNTOUCHED_BY_DESIGN)
     monkeypatch.chdir(root)
     monkeypatch.setattr(sys, "argv", ["bertflow", *argv])
     with pytest.raises(SystemExit) as exited:
@@ -112,4 +107,4 @@ def test_a_broken_input_ends_in_one_error_line_and_changes_nothing(case, tmp_pat
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, err
-    assert _tree(root) == before
+    assert tree(root, UNTOUCHED_BY_DESIGN) == before

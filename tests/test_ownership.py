@@ -3,17 +3,10 @@ written, and a stage cleans up only the temp folders it marked as its own."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from components.core.io import TEMP_MARK, atomic_dir
-from tests.conftest import run_cli, small_params, write_params
-
-
-def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
-            for p in sorted(root.rglob("*"))}
+from tests.conftest import run_cli, small_params, tree, write_params
 
 
 @pytest.mark.parametrize(("paths", "message"), [
@@ -31,12 +24,12 @@ def test_a_stage_told_to_replace_the_checkout_or_your_data_refuses_and_deletes_n
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "mine"]):
         run_cli(*cmd, cwd=project)
-    before = _tree(project)
+    before = tree(project)
     proc = run_cli("bertflow", "stage", "ingest", "-p", str(params), cwd=project, check=False)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {params}:{message}"), lines
-    assert _tree(project) == before
+    assert tree(project) == before
 
 
 def test_only_marked_temp_folders_are_cleaned_up_never_a_user_folder_of_a_similar_name(tmp_path):

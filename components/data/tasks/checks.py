@@ -15,6 +15,7 @@ import pyarrow as pa
 from components.core.config import TaskConfig
 from components.core.errors import ConfigError, DataError
 from components.data import validation
+from components.data.tags import bio_to_spans
 from components.data.tasks.folder import SPLIT_NAMES
 from components.data.tasks.source import KINDS, ROLES, Context, Example
 
@@ -130,25 +131,16 @@ def _refuse_near_duplicates(labels: list[str], train: list[Example], kind: str) 
                         "write it one way")
 
 
-def entity_lengths(tags: list[str]) -> list[int]:
-    """Length in words of each entity in BIO `tags`."""
-    lengths: list[int] = []
-    for tag in tags:
-        if tag.startswith("B-"):
-            lengths.append(1)
-        elif tag.startswith("I-") and lengths:
-            lengths[-1] += 1
-    return lengths
-
-
 def count_long_spans(splits: dict[str, list[Example]], ctx: Context) -> None:
     """A span task's model scores spans of up to `max_span_words` words: a longer entity can
     never be found. Counted in the stats (`changed.entities_over_max_span_words`) and logged;
     an error when no entity of train fits."""
     limit = ctx.task.max_span_words
-    over = {split: sum(n > limit for ex in exs for n in entity_lengths(ex["tags"]))
-            for split, exs in splits.items()}
-    fits = sum(n <= limit for ex in splits["train"] for n in entity_lengths(ex["tags"]))
+    def lengths(exs: list[Example]) -> list[int]:
+        return [end - start for ex in exs for start, end, _ in bio_to_spans(ex["tags"])]
+
+    over = {split: sum(n > limit for n in lengths(exs)) for split, exs in splits.items()}
+    fits = sum(n <= limit for n in lengths(splits["train"]))
     if over["train"] and not fits:
         raise DataError(f"task '{ctx.name}' ({ctx.source}): every entity in train is longer than "
                         f"max_span_words ({limit}); raise finetune.tasks.{ctx.name}.max_span_words")
