@@ -19,11 +19,16 @@ install: $(VENV)/.installed
 run: install  ## the whole pipeline on the embedded defaults (params.yaml)
 	bertflow run
 
-test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning (what CI runs)
-	pytest --durations=25
+# The suite in WORKERS processes, a test file each at a time (a file's tests share its fixtures),
+# in file order: tests/conftest.py puts the longest files first.
+WORKERS ?= 2
+PYTEST_PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-test-fast: install  ## the fast loop while editing: every test not marked slow (~3 min)
-	pytest -m "not slow"
+test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning (what CI runs)
+	pytest $(PYTEST_PARALLEL) --durations=25
+
+test-fast: install  ## the fast loop while editing: every test not marked slow (~2 min)
+	pytest $(PYTEST_PARALLEL) -m "not slow"
 
 lint: install
 	ruff check .

@@ -1,9 +1,10 @@
 """Reproducibility and crash recovery on a small real project.
 
-One project is run straight through (`bertflow run`) as the reference. A second, identical one
-must give byte-identical data and identical models and metrics (determinism). A third is killed
-(SIGKILL, the whole process group) once inside every stage, at a random point, and rerun each
-time: at the end it must hold exactly the reference's outputs.
+One project is run straight through (`bertflow run`) as the reference; each of its stages rerun
+on unchanged inputs must write the same bytes. A second, identical project is killed (SIGKILL,
+the whole process group) once inside every stage, at a random point, and rerun each time: at the
+end it must hold exactly the reference's outputs, byte for byte (determinism across projects,
+and of a run resumed from what a kill left).
 """
 
 from __future__ import annotations
@@ -65,26 +66,21 @@ def resumed(repo: Path) -> bool:
     return runs[0].data.metrics["this_run.resumed"] == 1
 
 
-def test_same_params_and_seed_give_identical_data_models_and_metrics(reference, tmp_path):
+def test_every_stage_rerun_on_unchanged_inputs_writes_the_same_bytes(reference):
     ref, _ = reference
-    again = make_task_project(tmp_path / "project", TASKS)
-    run_cli("bertflow", "run", cwd=again)
-    assert len(outputs(again)) == len(outputs(ref)) > 10
-    assert_same_results(again, ref)
-    # Every stage run again by hand on its unchanged inputs rewrites the same bytes: DVC finds
-    # nothing modified and nothing stale (no wall time or host detail in any output).
-    stages = list(yaml.safe_load((again / "dvc.lock").read_text())["stages"])
-    assert len(stages) == 6 + 3 * len(TASKS) + 1, stages
+    stages = list(yaml.safe_load((ref / "dvc.lock").read_text())["stages"])
+    assert len(stages) == 6 + 3 * len(TASKS) + 1 and len(outputs(ref)) > 10, stages
     from pipeline.stages import run_stage
 
-    encoder = again / "data" / "models" / "encoder" / "bertflow.json"
+    encoder = ref / "data" / "models" / "encoder" / "bertflow.json"
     written = encoder.stat().st_mtime_ns
     for stage in stages:  # what `bertflow stage NAME` runs, in this process (no start-up each)
-        run_stage(stage, again / "params.yaml")
+        run_stage(stage, ref / "params.yaml")
     assert encoder.stat().st_mtime_ns > written  # really written again
-    status = run_cli("dvc", "status", "--json", cwd=again).stdout
+    # DVC finds every output as dvc.lock hashed it, nothing stale: no wall time or host detail
+    # in any output.
+    status = run_cli("dvc", "status", "--json", cwd=ref).stdout
     assert json.loads(status) == {}, status
-    assert_same_results(again, ref)
 
 
 def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(reference, tmp_path):
