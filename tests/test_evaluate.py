@@ -9,8 +9,15 @@ import random
 import pytest
 
 from components.data.tags import bio_to_spans, spans_to_bio
-from components.evaluation.baseline import tfidf_baseline
-from components.evaluation.metrics import classification_metrics, entity_metrics, tag_metrics
+from components.evaluation.baseline import most_frequent_tag, tfidf_baseline
+from components.evaluation.metrics import (
+    classification_metrics,
+    entity_metrics,
+    plain_tag_metrics,
+    score_predictions,
+    tag_metrics,
+    word_accuracy,
+)
 from components.evaluation.plots import write_confusion, write_curves, write_per_class
 from components.evaluation.tables import (
     arm_steps,
@@ -204,20 +211,20 @@ def test_transfer_table_verdicts():
     rows = [
         # clear gain: 81.0 vs 71.0 -> +10.0 points, spread max(1.0, 1.0) = 1.0 -> helps
         {"task": "sst", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.80, 0.81, 0.82]),
-         "scratch": summarize([0.70, 0.71, 0.72]), "tfidf": 0.765},
+         "scratch": summarize([0.70, 0.71, 0.72]), "baseline": 0.765},
         # 81.0 ± 4.0 vs 80.0 ± 1.0 -> +1.0 points < 4.0 -> within seed spread
         {"task": "ner", "kind": "token", "metric": "entity_f1", "pretrained": summarize([0.77, 0.81, 0.85]),
-         "scratch": summarize([0.79, 0.80, 0.81]), "tfidf": None},
+         "scratch": summarize([0.79, 0.80, 0.81]), "baseline": None},
         # 60.0 vs 70.0 -> -10.0 points, beyond the 1.0 spread -> hurts
         {"task": "rte", "kind": "pair", "metric": "accuracy", "pretrained": summarize([0.59, 0.60, 0.61]),
-         "scratch": summarize([0.69, 0.70, 0.71]), "tfidf": 0.5},
+         "scratch": summarize([0.69, 0.70, 0.71]), "baseline": 0.5},
         # no from-scratch run: nothing to compare
         {"task": "squad", "kind": "span", "metric": "f1", "pretrained": summarize([0.5]),
-         "scratch": None, "tfidf": None},
+         "scratch": None, "baseline": None},
     ]
     table = transfer_table(rows)
     lines = table.strip().splitlines()
-    assert lines[0] == ("| task | kind | metric | pretrained | from scratch | gain | TF-IDF + LR | verdict |")
+    assert lines[0] == ("| task | kind | metric | pretrained | from scratch | gain | baseline | verdict |")
     assert lines[1].count("---") == 8
     body = _table_rows(table)
     assert body[0] == ["sst", "cls", "accuracy", "81.0 ± 1.0", "71.0 ± 1.0", "+10.0", "76.5",
@@ -230,16 +237,16 @@ def test_transfer_table_verdicts():
 
 def test_transfer_table_single_seed_is_flagged():
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.9]),
-           "scratch": summarize([0.8]), "tfidf": None}
+           "scratch": summarize([0.8]), "baseline": None}
     assert _table_rows(transfer_table([row]))[0][-1] == "pretraining helps (single seed: spread unknown)"
 
 
 def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added():
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.90, 0.92]),
-           "checkpoint": summarize([0.86, 0.88]), "scratch": summarize([0.70, 0.72]), "tfidf": None}
+           "checkpoint": summarize([0.86, 0.88]), "scratch": summarize([0.70, 0.72]), "baseline": None}
     lines = transfer_table([row]).splitlines()
     assert lines[0] == ("| task | kind | metric | pretrained | checkpoint as is | from scratch | gain | "
-                        "vs checkpoint | TF-IDF + LR | verdict |")
+                        "vs checkpoint | baseline | verdict |")
     assert _table_rows("\n".join(lines))[0][3:8] == ["91.0 ± 1.4", "87.0 ± 1.4", "71.0 ± 1.4",
                                                       "+20.0", "+4.0"]
     assert _table_rows("\n".join(lines))[0][-1] == "pretraining helps; continued pretraining helps"
@@ -251,7 +258,7 @@ def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added
 ])
 def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.90, 0.92]),
-           "checkpoint": summarize(checkpoint), "scratch": summarize([0.70, 0.72]), "tfidf": None}
+           "checkpoint": summarize(checkpoint), "scratch": summarize([0.70, 0.72]), "baseline": None}
     assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps; {said}"
 
 
@@ -281,6 +288,38 @@ def test_compare_puts_runs_side_by_side_and_marks_what_a_run_lacks():
     assert _table_rows(table) == [["a", "accuracy", "80.0 ± 0.0", "70.0 ± 0.0", "90.0 ± 0.0", "85.0 ± 0.0",
                                    "60.0 ± 0.0"],
                                   ["b", "entity_f1", "50.0 ± 0.0", "—", "—", "—", "—"]]
+
+
+def test_most_frequent_tag_per_word_with_the_overall_tag_for_unknown_words():
+    words = [["the", "run", "ended"], ["dogs", "run", "fast"], ["cats", "run", "far"]]
+    tags = [["DET", "NOUN", "VERB"], ["NOUN", "VERB", "ADV"], ["NOUN", "VERB", "ADV"]]
+    # run: VERB twice, NOUN once; "birds" unseen: NOUN, the most frequent tag overall (4 of 9).
+    assert most_frequent_tag(words, tags, [["the", "run"], ["birds", "fast"]]) == \
+        [["DET", "VERB"], ["NOUN", "ADV"]]
+    assert most_frequent_tag([["a"], ["a"]], [["X"], ["Y"]], [["a"]]) == [["X"]]  # tie: first seen
+    with pytest.raises(ValueError, match="2 words but 1 tags"):
+        most_frequent_tag([["a", "b"]], [["X"]], [])
+
+
+def test_plain_tags_are_scored_per_word_and_bio_tags_get_word_accuracy_too():
+    import pyarrow as pa
+
+    gold = [["DET", "NOUN", "VERB"], ["NOUN", "VERB"]]
+    pred = [["DET", "VERB", "VERB"], ["NOUN", "VERB"]]
+    m = plain_tag_metrics(gold, pred, ["NOUN", "VERB", "DET"])
+    assert m["accuracy"] == pytest.approx(4 / 5) == word_accuracy(gold, pred)
+    # NOUN: P 1/1, R 1/2 -> F1 2/3; VERB: P 2/3, R 1 -> F1 4/5; DET: 1.
+    assert m["macro_f1"] == pytest.approx((2 / 3 + 4 / 5 + 1) / 3)
+    assert m["confusion"] == [[1, 1, 0], [0, 2, 0], [0, 0, 1]]  # rows gold, columns predicted
+    with pytest.raises(ValueError, match="differ in sentences or words"):
+        word_accuracy(gold, [["DET"], ["NOUN", "VERB"]])
+    table = pa.table({"tags": gold})
+    plain = score_predictions("token", ["NOUN", "VERB", "DET"], table, pa.table({"pred_tags": pred}), "plain")
+    assert plain["word_accuracy"] == pytest.approx(0.8) and "entity_f1" not in plain
+    bio_gold = [["B-PER", "I-PER", "O"]]
+    bio = score_predictions("token", ["PER"], pa.table({"tags": bio_gold}),
+                            pa.table({"pred_tags": [["B-PER", "O", "O"]]}), "bio")
+    assert bio["entity_f1"] == 0.0 and bio["word_accuracy"] == pytest.approx(2 / 3)
 
 
 def test_tfidf_baseline_learns_separable_toy():

@@ -125,6 +125,56 @@ def test_conll_columns_choose_token_and_tag(tmp_path):
                                                      "tags": ["B-NP", "B-VP"]}]
 
 
+POS = {"train": "The DET\ncat NOUN\nsat VERB\n\nA DET\ndog NOUN\nran VERB\nhome NOUN\n",
+       "valid": "The DET\ndog NOUN\n", "test": "A DET\ncat NOUN\nsat VERB\n"}
+
+
+def _pos_folder(tmp_path: Path, files: dict[str, str] = POS) -> str:
+    folder = tmp_path / "pos"
+    folder.mkdir()
+    for split, text in files.items():
+        (folder / f"{split}.txt").write_text(text)
+    return "pos"
+
+
+def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
+    stats, out = prepare(tmp_path, TaskConfig("token", _pos_folder(tmp_path)))
+    meta = read_meta(out)
+    assert meta["scheme"] == stats["scheme"] == "plain"
+    assert meta["labels"] == ["NOUN", "DET", "VERB"]  # the tags, the most frequent first
+    assert stats["label_counts"]["train"] == {"DET": 2, "NOUN": 3, "VERB": 2}  # words per tag
+    assert read_split(out, "test").to_pylist() == [{"tokens": ["A", "cat", "sat"],
+                                                    "tags": ["DET", "NOUN", "VERB"]}]
+    # Chunk tags (B-NP, I-NP) fit BIO: entities, as before; and scheme: plain takes them as tags.
+    (tmp_path / "chunks").mkdir()
+    for split, text in (("train", CONLL_TRAIN), ("valid", CONLL_DEV), ("test", CONLL_TEST)):
+        (tmp_path / "chunks" / f"{split}.txt").write_text(text)
+    stats, out = prepare(tmp_path, TaskConfig("token", "chunks", columns={"tags": "2"}))
+    assert (stats["scheme"], read_meta(out)["labels"]) == ("bio", ["NP", "VP"])
+    stats, out = prepare(tmp_path, TaskConfig("token", "chunks", columns={"tags": "2"}, scheme="plain"))
+    assert (stats["scheme"], read_meta(out)["labels"]) == ("plain", ["B-NP", "I-NP", "B-VP"])
+    assert "changed" not in stats or "tags_iob1_to_bio2" not in stats["changed"]  # plain: as given
+
+
+def test_plain_tags_mistakes_are_named(tmp_path):
+    source = _pos_folder(tmp_path)
+    with pytest.raises(DataError) as info:  # a plain file read as BIO: the first bad tag
+        prepare(tmp_path, TaskConfig("token", source, scheme="bio"))
+    assert "pos/train.txt:1: malformed BIO tag 'DET' on token 'The'" in str(info.value)
+    assert "scheme: plain" in str(info.value)
+    with pytest.raises(ConfigError, match="span task reads entities from BIO tags"):
+        prepare(tmp_path, TaskConfig("span", source, scheme="plain"))
+    write_jsonl(tmp_path / "adj.jsonl", [{"tokens": ["a", "big", "dog"], "tags": ["DET", "ADJ", "NOUN"]}] * 20)
+    with pytest.raises(DataError, match="tag 'ADJ' on token 'big' is not one of the task's labels"):
+        prepare(tmp_path, TaskConfig("token", "adj.jsonl", labels=["DET", "NOUN"]))
+    write_jsonl(tmp_path / "empty.jsonl", [{"tokens": ["a", "dog"], "tags": ["DET", " "]}] * 20)
+    with pytest.raises(DataError, match=r"empty.jsonl:\d+, token 2: empty tag on token 'dog'"):
+        prepare(tmp_path, TaskConfig("token", "empty.jsonl"))
+    write_jsonl(tmp_path / "one.jsonl", [{"tokens": ["a", "dog"], "tags": ["X", "X"]}] * 20)
+    with pytest.raises(DataError, match=r"train has only one tag \['X'\]"):
+        prepare(tmp_path, TaskConfig("token", "one.jsonl"))
+
+
 def test_jsonl_pair_task(tmp_path):
     rows = [{"a": f"first sentence {i}", "b": f"second sentence {i}", "label": i % 2}
             for i in range(40)]
@@ -267,7 +317,8 @@ ERROR_CASES = {
                                          "['review', 'stars']"]),
     "conll_missing_tag": (_conll_missing_tag, ["bad.conll:6", "different lengths", "'call'"]),
     "token_tag_lengths": (_jsonl_lengths, ["bad.jsonl:6", "3 tokens but 2 tags"]),
-    "malformed_tag": (_malformed_tag, ["bad.txt:5", "'MISC'", "'German'"]),
+    # One tag not BIO among BIO tags: a typo, not a plain tag set.
+    "malformed_tag": (_malformed_tag, ["bad.txt:5", "'MISC'", "'German'", "is not BIO", "scheme: plain"]),
     "empty_text": (_empty_text, ["bad.jsonl:4", "empty text_b"]),
     "one_class": (_one_class, ["bad.csv", "only one class", "'spam'"]),
     "empty_split": (_empty_split, ["bad/test.csv", "test split is empty"]),
@@ -401,7 +452,7 @@ def test_conll2003(builtins, name):
     stats, out = builtins[name]
     assert stats["examples"] == {"train": 14_041, "valid": 3_250, "test": 3_453}
     assert read_meta(out) == {"task": name, "kind": "span" if name.endswith("span") else "token",
-                              "labels": ["LOC", "MISC", "ORG", "PER"]}
+                              "labels": ["LOC", "MISC", "ORG", "PER"], "scheme": "bio"}
     assert stats["label_counts"]["train"] == {"LOC": 7140, "MISC": 3438, "ORG": 6321, "PER": 6600}
 
 

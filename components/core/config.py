@@ -303,7 +303,7 @@ class TaskConfig:
     """A fine-tuning task: its data, its kind (which selects the head) and per-task settings."""
 
     kind: Literal["classification", "pair", "token", "span"]
-    """Task kind: one text, two texts, a tag per word (BIO), or labelled word spans."""
+    """Task kind: one text, two texts, a tag per word, or labelled word spans."""
     source: str
     """A built-in dataset (movie-sentiment, trec-6, bbc-news, conll2003-ner, trec-same-type,
     news-order) or your file/folder relative to params.yaml: CSV, JSON Lines or Parquet for text
@@ -312,7 +312,12 @@ class TaskConfig:
     """Your file's column for each role (text, text_a, text_b, label; CoNLL: tokens, tags as
     0-based column numbers); unset roles use the role's name (CoNLL: first and last column)."""
     labels: list[str] = field(default_factory=list)
-    """Label set (BIO tasks: entity types); inferred from the training split when empty."""
+    """Label set (BIO tasks: entity types; plain tags: the tags); inferred from the training
+    split when empty (plain tags: the most frequent first)."""
+    scheme: Literal["auto", "bio", "plain"] = "auto"
+    """Token tasks: `bio` (entities as O, B-TYPE, I-TYPE; entity F1), `plain` (any tag set, each
+    word one label: part of speech, chunks...; word accuracy), `auto`: BIO if every tag fits,
+    plain if no tag starts with B- or I-. Span tasks are BIO."""
     split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
     """Train/valid/test fractions when the source has no given splits (seeded by split_seed)."""
     split_seed: int = 13

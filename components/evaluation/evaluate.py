@@ -1,5 +1,6 @@
-"""Stage `evaluate@task`: score every fit of a task on its test split, the TF-IDF reference,
-and plots (validation curves of all fits; confusion and per-class F1 of the exported fit)."""
+"""Stage `evaluate@task`: score every fit of a task on its test split, the task's baseline
+(TF-IDF + LR for texts, the most frequent tag for token tasks), and plots (validation curves of
+all fits; confusion and per-class F1 of the exported fit)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from components.data.tasks.folder import read_meta, read_split
-from components.evaluation.baseline import tfidf_baseline
+from components.evaluation.baseline import MOST_FREQUENT_TAG, TFIDF, most_frequent_tag, tfidf_baseline
 from components.evaluation.metrics import classification_metrics, primary_metric, score_predictions
 from components.evaluation.plots import write_confusion, write_curves, write_per_class
 from components.evaluation.tables import summarize
 from components.model.metadata import INFO_FILE, read_task_model_info
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from components.core.config import EvaluateConfig, TaskConfig
+
+
+def _floats(metrics: dict) -> dict[str, float]:
+    """The scalar scores of a metrics dict (not the tables: per class, confusion)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, float)}
 
 
 def _texts(table: pa.Table, kind: str) -> list[str]:
@@ -29,8 +35,8 @@ def _texts(table: pa.Table, kind: str) -> list[str]:
 
 def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Path, model_dir: Path,
                   out_dir: Path) -> dict:
-    """Score every fit of a task on its test split; the per-init summary over seeds, the TF-IDF
-    reference, and plots (curves of all fits; confusion and per-class F1 of the exported fit)
+    """Score every fit of a task on its test split; the per-init summary over seeds, the
+    baseline, and plots (curves of all fits; confusion and per-class F1 of the exported fit)
     into out_dir."""
     import pyarrow.parquet as pq
 
@@ -40,25 +46,32 @@ def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Pa
     names = sorted(p.stem for p in fits_dir.glob("*.parquet"))
     if not names:
         raise FileNotFoundError(f"{fits_dir}: no fine-tuning fits; run finetune@{name} first")
-    metric = primary_metric(task.kind)
+    scheme = meta.get("scheme", "")
+    metric = primary_metric(task.kind, scheme)
     fits, histories = {}, {}
     for fit in names:
         predictions = pq.read_table(fits_dir / f"{fit}.parquet")
-        fits[fit] = score_predictions(task.kind, meta["labels"], test, predictions)
+        fits[fit] = score_predictions(task.kind, meta["labels"], test, predictions, scheme)
         histories[fit] = json.loads((fits_dir / f"{fit}.json").read_text())["history"]
     by_init: dict[str, list[float]] = {}
     for fit, m in fits.items():
         by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(m[metric])
     stats = {"kind": task.kind, "metric": metric, "test_examples": test.num_rows,
+             **({"scheme": scheme} if scheme else {}),
              "primary": {init: summarize(values) for init, values in sorted(by_init.items())},
-             "fits": {fit: {k: v for k, v in m.items() if isinstance(v, float)} for fit, m in fits.items()},
-             "tfidf": None}
+             "fits": {fit: _floats(m) for fit, m in fits.items()},
+             "baseline": None}
+    train = read_split(task_dir, "train")
     if cfg.tfidf_baseline and task.kind in ("classification", "pair"):
-        train = read_split(task_dir, "train")
         predicted = tfidf_baseline(_texts(train, task.kind), train["label"].to_pylist(),
                                    _texts(test, task.kind), seed=0)
         tfidf = classification_metrics(test["label"].to_pylist(), predicted, meta["labels"])
-        stats["tfidf"] = {k: tfidf[k] for k in ("accuracy", "macro_f1", "mcc")}
+        stats["baseline"] = {"name": TFIDF, **{k: tfidf[k] for k in ("accuracy", "macro_f1", "mcc")}}
+    if task.kind == "token":
+        tags = most_frequent_tag(train["tokens"].to_pylist(), train["tags"].to_pylist(),
+                                 test["tokens"].to_pylist())
+        found = score_predictions(task.kind, meta["labels"], test, pa.table({"pred_tags": tags}), scheme)
+        stats["baseline"] = {"name": MOST_FREQUENT_TAG, **_floats(found)}
     exported = Path(model_dir) / "model"  # plots describe the exported fit
     first = read_task_model_info(exported).fit if (exported / INFO_FILE).exists() else names[0]
     out_dir = Path(out_dir)

@@ -1,8 +1,9 @@
 """Task metrics: pure functions of predictions, shared by the evaluate stage (test split) and by
 fine-tuning (validation passes, early stopping).
 
-Classification through scikit-learn; entities of tag sequences through seqeval, whose default
-mode follows conlleval (a span counts when its start, end and type all match). Span tasks may
+Classification (and plain tags, each word an example) through scikit-learn; entities of BIO
+tag sequences through seqeval, whose default mode follows conlleval (a span counts when its
+start, end and type all match). Span tasks may
 predict nested or overlapping spans, which no tag sequence can hold: they are scored by the same
 exact-match rule on sets of (start, end, type). Heavy imports happen inside the functions.
 """
@@ -100,17 +101,49 @@ def _prf(tp: int, n_pred: int, n_true: int) -> dict[str, float]:
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-def primary_metric(kind: str) -> str:
-    """What a task is judged on: accuracy for texts and pairs, entity F1 for token and span."""
-    return "accuracy" if kind in ("classification", "pair") else "entity_f1"
+def _check_aligned(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> None:
+    """Gold and predicted tags must have the same sentences and words."""
+    if len(gold) != len(pred) or any(len(g) != len(p) for g, p in zip(gold, pred, strict=True)):
+        raise ValueError("gold and predicted tags differ in sentences or words")
 
 
-def score_predictions(kind: str, labels: list[str], gold: pa.Table, predictions: pa.Table) -> dict:
-    """Metrics of one fit's predictions (a table of model.decoding) against a split's gold."""
+def word_accuracy(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> float:
+    """The share of words whose predicted tag is the gold one, over all sentences."""
+    _check_aligned(gold, pred)
+    words = sum(len(g) for g in gold)
+    hits = sum(a == b for g, p in zip(gold, pred, strict=True) for a, b in zip(g, p, strict=True))
+    return hits / words if words else 0.0
+
+
+def plain_tag_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
+                      labels: Sequence[str]) -> dict:
+    """Per-word scores of a plain tag set: every word one example of classification_metrics
+    (accuracy, macro F1 over the tags, per-tag P/R/F1, confusion)."""
+    _check_aligned(gold, pred)
+    return classification_metrics([t for s in gold for t in s], [t for s in pred for t in s], labels)
+
+
+def primary_metric(kind: str, scheme: str = "bio") -> str:
+    """What a task is judged on: accuracy for texts and pairs, entity F1 for BIO token and
+    span tasks, word accuracy for plain tags."""
+    if kind in ("classification", "pair"):
+        return "accuracy"
+    return "word_accuracy" if scheme == "plain" else "entity_f1"
+
+
+def score_predictions(kind: str, labels: list[str], gold: pa.Table, predictions: pa.Table,
+                      scheme: str = "bio") -> dict:
+    """Metrics of one fit's predictions (a table of model.decoding) against a split's gold
+    (`labels`: the classes, or the plain tags)."""
     if kind in ("classification", "pair"):
         return classification_metrics(gold["label"].to_pylist(), predictions["pred"].to_pylist(), labels)
     if kind == "token":
-        out = tag_metrics(gold["tags"].to_pylist(), predictions["pred_tags"].to_pylist())
+        tags, found = gold["tags"].to_pylist(), predictions["pred_tags"].to_pylist()
+        if scheme == "plain":
+            out = plain_tag_metrics(tags, found, labels)
+            return {**out, "word_accuracy": out["accuracy"]}
+        out = tag_metrics(tags, found)
+        out["word_accuracy"] = word_accuracy(tags, found)
     else:
         out = entity_metrics([bio_to_spans(t) for t in gold["tags"].to_pylist()],
                              [[(s["start"], s["end"], s["label"]) for s in row]

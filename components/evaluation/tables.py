@@ -83,21 +83,21 @@ def _arms(rows: list[dict]) -> list[str]:
 
 def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and cells per task: each init's score (`ARMS` order; pretrained always), the gain
-    of pretraining over scratch, what continued pretraining added to the checkpoint, TF-IDF,
-    and a verdict."""
+    of pretraining over scratch, what continued pretraining added to the checkpoint, the
+    task's baseline (TF-IDF + LR, most frequent tag), and a verdict."""
     arms = _arms(rows)
     gains = [(title, other) for title, other in (("gain", "scratch"), ("vs checkpoint", "checkpoint"))
              if other in arms]
     header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
-              "TF-IDF + LR", "verdict"]
+              "baseline", "verdict"]
     cells = []
     for row in rows:
-        pretrained, tfidf = row["pretrained"], row.get("tfidf")
+        pretrained, baseline = row["pretrained"], row.get("baseline")
         cells.append([row["task"], row["kind"], row["metric"],
                       *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
                       *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other)
                         else NO_VALUE for _, other in gains),
-                      NO_VALUE if tfidf is None else f"{100 * tfidf:.1f}",
+                      NO_VALUE if baseline is None else f"{100 * baseline:.1f}",
                       verdicts(row)])
     return header, cells
 

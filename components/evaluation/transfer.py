@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from components.core.io import atomic_file
+from components.evaluation.baseline import MOST_FREQUENT_TAG, TFIDF
 from components.evaluation.tables import arm_steps, cost_cells, markdown, transfer_table, verdicts
 
 
@@ -25,6 +26,15 @@ def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
     return ""
 
 
+def _baseline_legend(rows: list[dict]) -> str:
+    """What the baseline column holds, for the baselines the rows have, trained on the same
+    train split."""
+    kinds = {TFIDF: "TF-IDF + logistic regression (text tasks)",
+             MOST_FREQUENT_TAG: "each word's most frequent tag in train (token tasks)"}
+    found = [text for name, text in kinds.items() if any(r["baseline_name"] == name for r in rows)]
+    return f" *baseline*: {' or '.join(found)}, on the same splits." if found else ""
+
+
 def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
                     init_from: str = "") -> dict:
     """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools."""
@@ -34,8 +44,10 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         if not path.exists():
             raise FileNotFoundError(f"{path}: task {name} is not evaluated; run evaluate@{name} first")
         s = json.loads(path.read_text())
-        tfidf = s["tfidf"]["accuracy"] if s.get("tfidf") else None
-        rows.append({"task": name, "kind": s["kind"], "metric": s["metric"], "tfidf": tfidf,
+        baseline = s.get("baseline")
+        rows.append({"task": name, "kind": s["kind"], "metric": s["metric"],
+                     "baseline": baseline[s["metric"]] if baseline else None,
+                     "baseline_name": baseline["name"] if baseline else None,
                      "scratch": None, **s["primary"],
                      "steps": arm_steps(Path(tasks_dir) / name / "finetune_stats.json")})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
@@ -49,7 +61,7 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
     text = ("# What pretraining bought\n\n" + guard_warning(tasks_dir, tasks)
             + f"Test-split scores, mean ± sample std over {seeds} seeds, in percent. {legend}"
             "*gain*: pretrained minus from scratch, in points; *pretraining helps* when the gain "
-            "exceeds the larger seed std.\n\n" + transfer_table(rows))
+            f"exceeds the larger seed std.{_baseline_legend(rows)}\n\n" + transfer_table(rows))
     cost = cost_cells(rows)
     if cost[1]:
         text += ("\n## What each start cost\n\nOptimizer steps of one fit (one init, one seed; "

@@ -173,8 +173,9 @@ def check_columns(kind: str, columns: list[str]) -> None:
 
 def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[dict]:
     """One answer per input row: {label, score} for classification and pairs; {tokens, tags,
-    entities} for token tasks; {tokens, spans} for span tasks. An entity or span is {start, end
-    (word indices, end exclusive), label, start_char, end_char, text} and, for spans, a score."""
+    entities} for token tasks ({tokens, tags} for plain tags); {tokens, spans} for span tasks.
+    An entity or span is {start, end (word indices, end exclusive), label, start_char, end_char,
+    text} and, for spans, a score."""
     if not rows:
         return []
     tm.limits.check(rows)
@@ -188,11 +189,15 @@ def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[
         found = predict(tm.model, tm.kind, examples, info.space, batch_size)
         return [{"label": label, "score": score} for label, score in found]
     words = [_words(row, i) for i, row in enumerate(rows)]
+    stand_in = info.labels[0] if info.scheme == "plain" else "O"  # gold tags encode() reads, unused
     table = pa.table({"tokens": [w for w, _, _ in words],
-                      "tags": [["O"] * len(w) for w, _, _ in words]})  # stand-in gold, unused
+                      "tags": [[stand_in] * len(w) for w, _, _ in words]})
     examples = encode(table, tm.kind, tm.tokenizer, info.labels, info.max_seq_len,
-                      label_subwords=info.label_subwords, max_span_words=task.max_span_words)
+                      label_subwords=info.label_subwords, max_span_words=task.max_span_words,
+                      scheme=info.scheme)
     found = predict(tm.model, tm.kind, examples, info.space, batch_size, task.span_decoding, info.threshold)
+    if tm.kind == "token" and info.scheme == "plain":
+        return [{"tokens": w, "tags": tags} for (w, _, _), tags in zip(words, found, strict=True)]
     if tm.kind == "token":
         return [{"tokens": w, "tags": tags, "entities": _entities(
                     [(a, b, label, None) for a, b, label in bio_to_spans(tags)], offsets, text)}

@@ -1,4 +1,4 @@
-"""Model outputs to predictions: labels with scores, word-level BIO tags (argmax or a CRF's
+"""Model outputs to predictions: labels with scores, word-level tags (argmax or a CRF's
 Viterbi path), scored spans (nested, or greedy without overlap), and the predictions table that
 evaluation scores. Shapes: B batch, T subword positions, C labels, W words, S spans.
 """
@@ -23,14 +23,14 @@ def word_emissions(emissions: torch.Tensor, word_first: torch.Tensor) -> tuple[t
 
 def word_tags(emissions: torch.Tensor, word_first: torch.Tensor, n_words: list[int],
               space: list[str], crf=None) -> list[list[str]]:
-    """Word-level BIO: the first subword's argmax (or the CRF's Viterbi path) per word; words
-    cut by truncation get O."""
+    """Word-level tags: the first subword's argmax (or the CRF's Viterbi path) per word; words
+    cut by truncation get the space's first tag (O; plain tags: the most frequent in train)."""
     per_word, kept = word_emissions(emissions, word_first)  # (B, W, C), (B, W)
     if crf is not None:
         paths = crf.viterbi(per_word, kept)
     else:
         paths = [row[m].tolist() for row, m in zip(per_word.argmax(-1), kept, strict=True)]
-    return [[space[t] for t in path] + ["O"] * (n - len(path))
+    return [[space[t] for t in path] + [space[0]] * (n - len(path))
             for path, n in zip(paths, n_words, strict=True)]
 
 
@@ -53,7 +53,7 @@ def pick_spans(candidates: list[ScoredSpan], decoding: str) -> list[ScoredSpan]:
 def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_size: int,
             span_decoding: str = "nested", threshold: float | None = None) -> list:
     """Predictions in example order: (label, score) for classification and pairs, word-level
-    BIO tags for token tasks, [(first word, end word exclusive, label, score)] for spans.
+    tags for token tasks, [(first word, end word exclusive, label, score)] for spans.
 
     Span candidates are the spans whose argmax is not NULL or, with a threshold, whose best
     label's probability reaches it."""

@@ -35,9 +35,10 @@ class Encoded:
     span_labels: list[int] = field(default_factory=list)  # span: 0 = NULL, 1.. = label
 
 
-def label_space(kind: str, labels: list[str]) -> list[str]:
-    """What the head predicts: the labels, BIO tags of the entity types, or NULL + types."""
-    if kind == "token":
+def label_space(kind: str, labels: list[str], scheme: str = "bio") -> list[str]:
+    """What the head predicts: the labels (plain tags too), BIO tags of the entity types, or
+    NULL + types. Its first entry is what a token model gives a word cut by truncation."""
+    if kind == "token" and scheme != "plain":
         return ["O"] + [f"{p}-{t}" for t in labels for p in ("B", "I")]
     if kind == "span":
         return [NULL, *labels]
@@ -77,9 +78,9 @@ def align_words(word_ids: list[int | None], n_words: int) -> tuple[list[int], li
 
 def encode(table: pa.Table, kind: str, tokenizer, labels: list[str], max_len: int,
            long_text: str = "truncate", label_subwords: str = "all",
-           max_span_words: int = 8) -> list[Encoded]:
+           max_span_words: int = 8, scheme: str = "bio") -> list[Encoded]:
     """Encode a split of task data (components.data.tasks columns) for the task's head."""
-    space = {name: i for i, name in enumerate(label_space(kind, labels))}
+    space = {name: i for i, name in enumerate(label_space(kind, labels, scheme))}
     tok = tokenizer  # configured (truncation) per kind below
     if kind == "classification":
         tok.no_truncation()  # cut by fit_length, which can keep the tail too

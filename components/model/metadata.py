@@ -65,9 +65,9 @@ class TaskModelInfo:
     fit: str
     """The fit exported (`INIT-sSEED`)."""
     labels: list[str]
-    """The task's labels (classes, or entity types)."""
+    """The task's labels (classes, entity types, or plain tags)."""
     space: list[str]
-    """What the head predicts, by output index (labels, BIO tags, or NULL + types)."""
+    """What the head predicts, by output index (labels, BIO or plain tags, or NULL + types)."""
     max_seq_len: int
     """Tokens per example, as the model was trained."""
     label_subwords: str
@@ -76,6 +76,8 @@ class TaskModelInfo:
     """Token tasks: a CRF decodes the emissions."""
     threshold: float | None = None
     """Span tasks: the calibrated score threshold, if any."""
+    scheme: str = ""
+    """Token and span tasks: the tag scheme, bio (entities) or plain (a tag per word)."""
 
 
 def _read(folder: Path, what: str) -> dict:
@@ -130,10 +132,12 @@ def read_task_model_info(folder: Path) -> TaskModelInfo:
     data = _read(folder, "not an exported task model")
     id2label = data.get("id2label", {})
     space = [id2label.get(str(i)) for i in range(len(id2label))]
-    # `fit` was `run` before fine-tuning fits were named so: models registered then keep working.
-    return _record(TaskModelInfo, folder, data, config=_config(folder, data), space=space,
-                   task=from_dict(TaskConfig, data.get("task"), f"{Path(folder) / INFO_FILE}:task"),
-                   fit=data.get("fit", data.get("run", "")))
+    task = from_dict(TaskConfig, data.get("task"), f"{Path(folder) / INFO_FILE}:task")
+    # Models registered before these fields existed keep working: `fit` was `run`, and every
+    # token and span model was BIO.
+    return _record(TaskModelInfo, folder, data, config=_config(folder, data), space=space, task=task,
+                   fit=data.get("fit", data.get("run", "")),
+                   scheme=data.get("scheme", "bio" if task.kind in ("token", "span") else ""))
 
 
 def write_info(folder: Path, info: CheckpointInfo | EncoderInfo | TaskModelInfo) -> None:

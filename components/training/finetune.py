@@ -4,9 +4,9 @@ encoder, random weights, an imported checkpoint) and each seed.
 Examples are encoded once (the tokenizer of the encoder), batched by length so that short
 sentences are not padded to the longest of the split, and kept in memory (tasks are small).
 Validation runs a few times per epoch; early stopping and the best weights follow the task's
-primary metric (accuracy, or entity F1 for token and span tasks). Each fit writes its test
-predictions to `fits/`; `evaluate@task` scores them. The first init's first seed is exported
-as the task's model (model.metadata.TaskModelInfo).
+primary metric (accuracy; entity F1 for BIO token and span tasks; word accuracy for plain
+tags). Each fit writes its test predictions to `fits/`; `evaluate@task` scores them. The first
+init's first seed is exported as the task's model (model.metadata.TaskModelInfo).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class TaskFits:
     cfg: FinetuneConfig
     bert: BertConfig
     labels: list[str]
+    scheme: str  # token and span tasks: bio or plain (meta.json's); "" for text tasks
     encoder_dir: Path
     weights: dict[str, Path | None]  # init -> the encoder folder it starts from
     out: Path  # the stage's temporary output folder
@@ -77,17 +78,19 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
-                         cfg.label_subwords, task.max_span_words) for s, t in splits.items()}
+                         cfg.label_subwords, task.max_span_words, meta.get("scheme", ""))
+               for s, t in splits.items()}
     fits = [(init, seed) for init in cfg.init for seed in cfg.seeds]
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
+                   **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": len(encoded["train"]), "fits": {},
                    "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                if k in encoder.stats}}
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
-        shared = TaskFits(name, task, cfg, bert, meta["labels"], Path(encoder_dir), weights, tmp, encoded,
-                          splits["valid"], max_len)
+        shared = TaskFits(name, task, cfg, bert, meta["labels"], meta.get("scheme", ""), Path(encoder_dir),
+                          weights, tmp, encoded, splits["valid"], max_len)
         workers = worker_count(cfg.workers, len(fits))
         if workers == 1:
             summaries = [fit_and_predict(shared, init, seed)
@@ -151,10 +154,10 @@ def fit_and_predict(shared: TaskFits, init: str, seed: int) -> dict:
     """One fit: train, predict the test split, write `fits/<init>-s<seed>.{parquet,json}`; the
     first init's first seed is also exported as the task's model."""
     task, cfg, encoded = shared.task, shared.cfg, shared.encoded
-    space = label_space(task.kind, shared.labels)
+    space = label_space(task.kind, shared.labels, shared.scheme)
     name = f"{init}-s{seed}"
     spec = FitSpec(task.kind, space, init, seed, task.epochs or cfg.epochs, task.max_span_words,
-                   task.span_decoding)
+                   task.span_decoding, shared.scheme)
     start = time.perf_counter()
     model, history, steps = fit(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
                                 encoded["valid"], shared.valid_gold, shared.out / "work" / name)
@@ -174,7 +177,8 @@ def fit_and_predict(shared: TaskFits, init: str, seed: int) -> dict:
     if init == cfg.init[0] and seed == cfg.seeds[0]:
         info = TaskModelInfo(config=shared.bert, task=task, fit=name, labels=shared.labels, space=space,
                              max_seq_len=shared.max_len, label_subwords=cfg.label_subwords,
-                             crf=getattr(model, "crf", None) is not None, threshold=threshold)
+                             crf=getattr(model, "crf", None) is not None, threshold=threshold,
+                             scheme=shared.scheme)
         write_task_model(model, info, shared.encoder_dir, shared.out / "model")
     return summary
 
@@ -183,5 +187,6 @@ def calibrate_threshold(model, spec: FitSpec, valid: list[Encoded], gold: pa.Tab
     """The span score threshold with the best validation F1 (a grid over (0, 1))."""
     grid = [round(t, 2) for t in np.arange(0.1, 0.95, 0.05)]
     scores = {t: score(spec.kind, spec.space, predict(model, spec.kind, valid, spec.space, batch_size,
-                                                      spec.span_decoding, t), gold) for t in grid}
+                                                      spec.span_decoding, t), gold, spec.scheme)
+              for t in grid}
     return max(scores, key=scores.get)

@@ -36,6 +36,7 @@ class FitSpec:
     epochs: int
     max_span_words: int
     span_decoding: str
+    scheme: str  # token tasks: bio or plain (the metric: entity F1 or word accuracy)
 
 
 def loss_of(model: torch.nn.Module, kind: str, batch: dict) -> torch.Tensor:
@@ -56,10 +57,11 @@ def loss_of(model: torch.nn.Module, kind: str, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch["span_labels"].flatten(), ignore_index=IGNORE)
 
 
-def score(kind: str, space: list[str], predictions: list, gold: pa.Table) -> float:
+def score(kind: str, space: list[str], predictions: list, gold: pa.Table, scheme: str) -> float:
     """The task's primary metric, computed as evaluate@task computes it on the test split (for
-    text tasks `space` is the label set)."""
-    return score_predictions(kind, space, gold, predictions_table(kind, predictions))[primary_metric(kind)]
+    text tasks and plain tags `space` is the label set)."""
+    table = predictions_table(kind, predictions)
+    return score_predictions(kind, space, gold, table, scheme)[primary_metric(kind, scheme)]
 
 
 def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertConfig) -> None:
@@ -117,7 +119,7 @@ class FinetuneModule(L.LightningModule):
         spec = self.spec
         found = predict(self.model, spec.kind, self.valid, spec.space, self.cfg.batch_size * 2,
                         spec.span_decoding)
-        metric = score(spec.kind, spec.space, found, self.valid_gold)
+        metric = score(spec.kind, spec.space, found, self.valid_gold, spec.scheme)
         self.model.train()
         self.log("val/metric", metric)
         loss = float(np.mean(self._losses)) if self._losses else float("nan")

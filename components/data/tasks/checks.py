@@ -21,6 +21,7 @@ from components.data.tasks.source import KINDS, ROLES, Context, Example
 
 log = logging.getLogger(__name__)
 _BIO = re.compile(r"^(O|[BI]-\S+)$")
+SCHEMES = ("auto", "bio", "plain")
 
 
 def check_config(name: str, task: TaskConfig) -> None:
@@ -36,7 +37,12 @@ def check_config(name: str, task: TaskConfig) -> None:
     if unknown:
         raise ConfigError(f"{where}.columns: unknown role(s) {unknown} for a {task.kind} task "
                           f"(roles: {', '.join(ROLES[task.kind])})")
-    if task.kind in ("token", "span"):
+    if task.scheme not in SCHEMES:
+        raise ConfigError(f"{where}.scheme: must be one of {', '.join(SCHEMES)}, got {task.scheme!r}")
+    if task.kind == "span" and task.scheme == "plain":
+        raise ConfigError(f"{where}.scheme: a span task reads entities from BIO tags; "
+                          "`plain` is for token tasks")
+    if task.kind in ("token", "span") and task.scheme != "plain":
         tags = [lab for lab in task.labels if lab == "O" or lab[:2] in ("B-", "I-")]
         if tags:
             raise ConfigError(f"{where}.labels: a {task.kind} task lists entity types (PER), "
@@ -45,6 +51,28 @@ def check_config(name: str, task: TaskConfig) -> None:
         raise ConfigError(f"{where}.labels: duplicate labels in {task.labels}")
     if task.max_train_examples < 0:
         raise ConfigError(f"{where}.max_train_examples: must be >= 0, got {task.max_train_examples}")
+
+
+def resolve_scheme(splits: dict[str, list[Example]], ctx: Context) -> str:
+    """The tag scheme of a token or span task: as configured, or for `auto` BIO if every tag
+    fits and plain if no tag starts with B- or I-. A mix is an error naming the first tag that
+    breaks BIO: most likely a typo in a BIO file (`B_PER`), which as plain tags would be a
+    silent new class."""
+    if ctx.task.scheme != "auto":
+        return ctx.task.scheme
+    if ctx.task.kind == "span":
+        return "bio"
+    tagged = [(ex, i, tag) for split in SPLIT_NAMES for ex in splits[split]
+              for i, tag in enumerate(ex["tags"])]
+    broken = next(((ex, i, tag) for ex, i, tag in tagged if not _BIO.match(tag)), None)
+    if broken is None:
+        return "bio"
+    if not any(tag[:2] in ("B-", "I-") for _, _, tag in tagged):
+        return "plain"
+    ex, i, tag = broken
+    raise DataError(f"{_at(ex, i)}: tag {tag!r} on token {ex['tokens'][i]!r} is not BIO, but other "
+                    f"tags of task '{ctx.name}' are (B-TYPE, I-TYPE); fix the tag, or set "
+                    f"finetune.tasks.{ctx.name}.scheme: plain to take every tag as a label")
 
 
 def check_example(ex: Example, kind: str, split: str, ctx: Context) -> None:
@@ -69,12 +97,23 @@ def check_example(ex: Example, kind: str, split: str, ctx: Context) -> None:
     for i, (token, tag) in enumerate(zip(tokens, tags, strict=True)):
         if not token.strip():
             raise DataError(f"{_at(ex, i)}: empty token")
+        if not tag.strip():
+            raise DataError(f"{_at(ex, i)}: empty tag on token {token!r}")
+        if ctx.scheme == "plain":
+            if given and tag not in given:
+                raise DataError(f"{_at(ex, i)}: tag {tag!r} on token {token!r} is not one of the "
+                                f"task's labels {sorted(given)}")
+            continue
         if not _BIO.match(tag):
+            hint = "" if kind == "span" else \
+                f"; for a tag set without B-/I- set finetune.tasks.{ctx.name}.scheme: plain"
             raise DataError(f"{_at(ex, i)}: malformed BIO tag {tag!r} on token {token!r} "
-                            f"(expected O, B-TYPE or I-TYPE)")
+                            f"(expected O, B-TYPE or I-TYPE{hint})")
         if given and tag != "O" and tag[2:] not in given:
             raise DataError(f"{_at(ex, i)}: entity type {tag[2:]!r} (tag {tag!r}) is not one of "
                             f"the task's labels {sorted(given)}")
+    if ctx.scheme == "plain":
+        return
     # IOB1 starts an entity with I-; BIO2 (what the span decoder expects) always with B-.
     for i, tag in enumerate(tags):
         if tag[:2] == "I-" and (i == 0 or tags[i - 1][2:] != tag[2:]):
@@ -89,25 +128,30 @@ def _at(ex: Example, i: int) -> str:
     return f"{ex['_where']}, token {i + 1}"
 
 
-def example_labels(ex: Example, kind: str) -> list[str]:
-    """The labels an example carries: its class, or the entity types of its B- tags."""
+def example_labels(ex: Example, kind: str, scheme: str = "bio") -> list[str]:
+    """The labels an example carries: its class, the entity types of its B- tags, or its plain
+    tags."""
     if kind in ("classification", "pair"):
         return [ex["label"]]
+    if scheme == "plain":
+        return list(ex["tags"])
     return [t[2:] for t in ex["tags"] if t[:2] == "B-"]
 
 
 def task_labels(splits: dict[str, list[Example]], ctx: Context) -> list[str]:
-    """The task's label list: as configured, else sorted from the (full) train split."""
-    kind = ctx.task.kind
+    """The task's label list: as configured, else from the (full) train split, sorted (plain
+    tags: the most frequent first, the tag a word cut by truncation gets)."""
+    kind, scheme = ctx.task.kind, ctx.scheme
     if ctx.task.labels:
         return list(ctx.task.labels)
-    labels = sorted({lab for ex in splits["train"] for lab in example_labels(ex, kind)})
-    _refuse_near_duplicates(labels, splits["train"], kind)
+    counts = Counter(lab for ex in splits["train"] for lab in example_labels(ex, kind, scheme))
+    labels = sorted(counts, key=lambda lab: (-counts[lab], lab) if scheme == "plain" else lab)
+    _refuse_near_duplicates(labels, splits["train"], kind, scheme)
     known = set(labels)
-    what = "label" if kind in ("classification", "pair") else "entity type"
+    what = {"plain": "tag", "bio": "entity type"}.get(scheme, "label")
     for split in ("valid", "test"):
         for ex in splits[split]:
-            for lab in example_labels(ex, kind):
+            for lab in example_labels(ex, kind, scheme):
                 if lab not in known:
                     raise DataError(f"{ex['_where']}: {what} {lab!r} in {split} never occurs in "
                                     f"train (train has "
@@ -115,16 +159,16 @@ def task_labels(splits: dict[str, list[Example]], ctx: Context) -> list[str]:
     return labels
 
 
-def _refuse_near_duplicates(labels: list[str], train: list[Example], kind: str) -> None:
+def _refuse_near_duplicates(labels: list[str], train: list[Example], kind: str, scheme: str) -> None:
     """Labels that differ only by spaces or case (`" neg"` beside `neg`) are one label mistyped:
     as two they would be two classes, each with half the examples."""
     groups: dict[str, list[str]] = {}
     for lab in labels:
         groups.setdefault(" ".join(lab.split()).casefold(), []).append(lab)
     for same in (g for g in groups.values() if len(g) > 1):
-        counts = Counter(lab for ex in train for lab in example_labels(ex, kind) if lab in same)
+        counts = Counter(lab for ex in train for lab in example_labels(ex, kind, scheme) if lab in same)
         rare = min(same, key=lambda lab: (counts[lab], lab))
-        where = next(ex["_where"] for ex in train if rare in example_labels(ex, kind))
+        where = next(ex["_where"] for ex in train if rare in example_labels(ex, kind, scheme))
         others = ", ".join(repr(lab) for lab in same if lab != rare)
         raise DataError(f"{where}: label {rare!r} differs from {others} only by spaces or case "
                         f"({counts[rare]} vs {sum(counts.values()) - counts[rare]} examples); "
@@ -162,15 +206,18 @@ def check_splits(splits: dict[str, list[Example]], labels: list[str], ctx: Conte
         raise DataError(f"task '{ctx.name}' ({ctx.source}): the {split} split is empty: "
                         f"{total} examples, split {ctx.split}; give more examples or change "
                         f"the split fractions")
-    found = Counter(lab for ex in splits["train"] for lab in example_labels(ex, ctx.task.kind))
-    if ctx.task.kind in ("classification", "pair") and len(found) < 2:
-        raise DataError(f"task '{ctx.name}' ({ctx.source}): train has only one class "
+    found = Counter(lab for ex in splits["train"]
+                    for lab in example_labels(ex, ctx.task.kind, ctx.scheme))
+    if (ctx.task.kind in ("classification", "pair") or ctx.scheme == "plain") and len(found) < 2:
+        what = "tag" if ctx.scheme == "plain" else "class"
+        raise DataError(f"task '{ctx.name}' ({ctx.source}): train has only one {what} "
                         f"{sorted(found)}; a classifier needs at least two")
     if ctx.task.kind in ("token", "span") and not found:
         raise DataError(f"task '{ctx.name}' ({ctx.source}): train has no entity (every tag is O)")
 
 
-def validate_split(table: pa.Table, kind: str, labels: list[str], where: Path) -> None:
+def validate_split(table: pa.Table, kind: str, labels: list[str], where: Path,
+                   scheme: str = "bio") -> None:
     """The written split's data contract, as a Great Expectations suite."""
     import pandas as pd
 
@@ -184,15 +231,15 @@ def validate_split(table: pa.Table, kind: str, labels: list[str], where: Path) -
             validate_kw.append(("ExpectColumnValuesToBeBetween", {"column": f"{c}_chars", "min_value": 1}))
         validation.validate(frame, f"task_{kind}", validate_kw, where)
         return
-    allowed = {"O"} | {f"{p}-{lab}" for lab in labels for p in "BI"}
+    allowed = set(labels) if scheme == "plain" else {"O"} | {f"{p}-{lab}" for lab in labels for p in "BI"}
     tags = table["tags"].to_pylist()
     frame = pd.DataFrame({
         "tokens": [len(t) for t in table["tokens"].to_pylist()],
         "tags": [len(t) for t in tags],
         # tags outside the label set, and I- tags that continue nothing (BIO2 broken)
         "bad_tags": [sum(t not in allowed for t in ts) for ts in tags],
-        "bad_starts": [sum(t[:2] == "I-" and (i == 0 or ts[i - 1][2:] != t[2:])
-                           for i, t in enumerate(ts)) for ts in tags],
+        "bad_starts": [0 if scheme == "plain" else sum(t[:2] == "I-" and (i == 0 or ts[i - 1][2:] != t[2:])
+                                                       for i, t in enumerate(ts)) for ts in tags],
     })
     frame["same_length"] = frame["tokens"] == frame["tags"]
     validation.validate(frame, f"task_{kind}", [

@@ -1,5 +1,6 @@
 """A prepared task folder, as the task_data stage writes it and fine-tuning and evaluation read
-it: `{train,valid,test}.parquet` of the kind's schema and meta.json ({"task", "kind", "labels"})."""
+it: `{train,valid,test}.parquet` of the kind's schema and meta.json ({"task", "kind", "labels"};
+token and span tasks also "scheme", bio or plain)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,12 @@ def read_split(task_dir: Path, split: str) -> pa.Table:
 
 
 def read_meta(task_dir: Path) -> dict:
-    """The task's meta.json: {"task": name, "kind": kind, "labels": [...]}."""
+    """The task's meta.json: {"task": name, "kind": kind, "labels": [...]} and, for token and
+    span tasks, "scheme" (bio for data written before plain tags existed)."""
     path = Path(task_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{path} does not exist; run the task_data stage for this task first")
-    return read_json(path)
+    meta = read_json(path)
+    if meta.get("kind") in ("token", "span"):
+        meta.setdefault("scheme", "bio")
+    return meta

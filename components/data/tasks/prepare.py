@@ -4,9 +4,10 @@ prepare_task  a built-in dataset (builtin.py) or your file or folder (files.py)
               -> out_dir/{train,valid,test}.parquet + meta.json, written atomically
     classification  text: string, label: string
     pair            text_a: string, text_b: string, label: string
-    token, span     tokens: list<string>, tags: list<string> (BIO2: O, B-X, I-X)
-meta.json     {"task", "kind", "labels"}: labels are the classes, or for token and span tasks
-              the entity types (PER, LOC, ...), never the tags.
+    token, span     tokens: list<string>, tags: list<string> (BIO2: O, B-X, I-X; or plain tags)
+meta.json     {"task", "kind", "labels"} and for token and span tasks "scheme" (bio or plain):
+              labels are the classes, the entity types (PER, LOC, ...; never the BIO tags), or
+              the plain tags, the most frequent first.
 Row-level checks run first so a bad example is named by file and line; a Great Expectations
 suite then checks each written split as the data contract (checks.py).
 """
@@ -31,6 +32,7 @@ from components.data.tasks.checks import (
     check_splits,
     count_long_spans,
     example_labels,
+    resolve_scheme,
     task_labels,
     validate_split,
 )
@@ -44,6 +46,8 @@ def prepare_task(name: str, task: TaskConfig, root: Path, packages_dir: Path, ou
     check_config(name, task)
     ctx = Context(name, task, Path(root), Path(packages_dir))
     splits = _load(ctx)
+    if task.kind in ("token", "span"):
+        ctx.scheme = resolve_scheme(splits, ctx)
     for split in SPLIT_NAMES:
         for ex in splits[split]:
             check_example(ex, task.kind, split, ctx)
@@ -57,17 +61,19 @@ def prepare_task(name: str, task: TaskConfig, root: Path, packages_dir: Path, ou
     with atomic_dir(out_dir) as tmp:
         for split in SPLIT_NAMES:
             table = _to_table(splits[split], task.kind)
-            validate_split(table, task.kind, labels, Path(out_dir) / f"{split}.parquet")
+            validate_split(table, task.kind, labels, Path(out_dir) / f"{split}.parquet", ctx.scheme)
             pq.write_table(table, tmp / f"{split}.parquet")
-        write_json(tmp / "meta.json", {"task": name, "kind": task.kind, "labels": labels})
+        scheme = {"scheme": ctx.scheme} if ctx.scheme else {}
+        write_json(tmp / "meta.json", {"task": name, "kind": task.kind, "labels": labels, **scheme})
     stats: dict[str, Any] = {
         "task": name,
         "kind": task.kind,
+        **scheme,
         "source": ctx.source,
         "split": ctx.split,
         "labels": labels,
         "examples": {s: len(splits[s]) for s in SPLIT_NAMES},
-        "label_counts": {s: _label_counts(splits[s], task.kind) for s in SPLIT_NAMES},
+        "label_counts": {s: _label_counts(splits[s], task.kind, ctx.scheme) for s in SPLIT_NAMES},
         "dropped": {k: int(v) for k, v in sorted(ctx.dropped.items()) if v},
         "changed": {k: int(v) for k, v in sorted(ctx.changed.items()) if v},
     }
@@ -104,7 +110,7 @@ def _to_table(examples: list[Example], kind: str) -> pa.Table:
     return pa.table({c: [ex[c] for ex in examples] for c in schema.names}, schema=schema)
 
 
-def _label_counts(examples: list[Example], kind: str) -> dict[str, int]:
-    """Examples per class, or entities per type for token and span tasks."""
-    counts = Counter(lab for ex in examples for lab in example_labels(ex, kind))
+def _label_counts(examples: list[Example], kind: str, scheme: str) -> dict[str, int]:
+    """Examples per class, entities per type (BIO), or words per tag (plain)."""
+    counts = Counter(lab for ex in examples for lab in example_labels(ex, kind, scheme))
     return dict(sorted(counts.items()))

@@ -42,6 +42,8 @@ class Context:
     split: str = ""
     files: dict[str, Path] = field(default_factory=dict)
     """The given file of each split, when the source has given splits."""
+    scheme: str = ""
+    """Token and span tasks: the tag scheme, `bio` or `plain`, once resolved."""
 
 
 def seeded_split(items: list, fractions: dict[str, float], seed: int) -> dict[str, list]:
