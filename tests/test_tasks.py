@@ -164,7 +164,8 @@ def test_plain_tags_mistakes_are_named(tmp_path):
     assert "scheme: plain" in str(info.value)
     with pytest.raises(ConfigError, match="span task reads entities from BIO tags"):
         prepare(tmp_path, TaskConfig("span", source, scheme="plain"))
-    write_jsonl(tmp_path / "adj.jsonl", [{"tokens": ["a", "big", "dog"], "tags": ["DET", "ADJ", "NOUN"]}] * 20)
+    adj = {"tokens": ["a", "big", "dog"], "tags": ["DET", "ADJ", "NOUN"]}
+    write_jsonl(tmp_path / "adj.jsonl", [adj] * 20)
     with pytest.raises(DataError, match="tag 'ADJ' on token 'big' is not one of the task's labels"):
         prepare(tmp_path, TaskConfig("token", "adj.jsonl", labels=["DET", "NOUN"]))
     write_jsonl(tmp_path / "empty.jsonl", [{"tokens": ["a", "dog"], "tags": ["DET", " "]}] * 20)
