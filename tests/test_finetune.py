@@ -193,7 +193,8 @@ def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
 
 
 def _user_files(folder):
-    """A keyword-sentiment CSV, a JSONL pair file and a CoNLL file, small and learnable."""
+    """A keyword-sentiment CSV, a JSONL pair file, a CoNLL file of entities and one of plain
+    tags (parts of speech), small and learnable."""
     import random
 
     rng = random.Random(0)
@@ -215,6 +216,15 @@ def _user_files(folder):
         place = rng.choice(["Paris", "London", "Boston"])
         lines += [f"{name} B-PER", "visited O", f"{place} B-LOC", "in O", f"{1900 + i} O", ""]
     (folder / "ner.conll").write_text("\n".join(lines))
+    # Plain tags where context decides: "run" is a VERB after "will" and a NOUN after an
+    # adjective, half the time each, so each word's most frequent tag misses half of them.
+    lines = []
+    for i in range(160):
+        if i % 2:
+            lines += ["a DET", f"{rng.choice(['long', 'short', 'quick'])} ADJ", "run NOUN", "ended VERB", ""]
+        else:
+            lines += ["the DET", f"{rng.choice(['dog', 'cat', 'horse'])} NOUN", "will AUX", "run VERB", ""]
+    (folder / "pos.conll").write_text("\n".join(lines))
 
 
 @pytest.mark.slow
@@ -244,6 +254,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         "ner": TaskConfig("token", "user/ner.conll"),
         "ner-span": TaskConfig("span", "user/ner.conll", max_span_words=3, span_decoding="greedy",
                                epochs=16),
+        "pos": TaskConfig("token", "user/pos.conll"),  # plain tags (scheme auto)
     }
     cfg = FinetuneConfig(tasks=tasks, seeds=[1, 2], lr=3e-3, epochs=8, batch_size=16, patience=16)
     for name, task in tasks.items():
@@ -270,7 +281,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         model.load_state_dict(load_file(model_dir / "model" / "model.safetensors"))
         test = read_split(task_dir, "test")
         examples = encode(test, task.kind, load(model_dir / "model"), info.labels, 128,
-                          max_span_words=task.max_span_words)
+                          max_span_words=task.max_span_words, scheme=info.scheme)
         again = predict(model, task.kind, examples, info.space, 16, task.span_decoding, info.threshold)
         saved = pa.parquet.read_table(model_dir / "fits" / "pretrained-s1.parquet").to_pylist()
         if task.kind in ("classification", "pair"):
@@ -285,7 +296,14 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     table = (tmp_path / "transfer.md").read_text()
     assert all(f"| {name} |" in table for name in tasks)
     summary = json.loads((tmp_path / "transfer.json").read_text())
-    assert summary["reviews"]["pretrained"]["n"] == 2 and summary["reviews"]["tfidf"] > 0.9
+    assert summary["reviews"]["pretrained"]["n"] == 2 and summary["reviews"]["baseline"] > 0.9
+    # Plain tags: word accuracy, against each word's most frequent tag, which context beats.
+    pos = summary["pos"]
+    assert (pos["metric"], pos["baseline_name"]) == ("word_accuracy", "most frequent tag")
+    assert pos["baseline"] == pytest.approx(7 / 8, abs=0.05)
+    assert pos["baseline"] < pos["pretrained"]["mean"]
+    assert read_task_model_info(tmp_path / "models" / "pos" / "model").scheme == "plain"
+    assert summary["ner"]["baseline_name"] == "most frequent tag" and "*baseline*:" in table
     # What each start cost: steps per fit, by init, from each task's finetune_stats.json.
     fits = json.loads((tmp_path / "metrics" / "reviews" / "finetune_stats.json").read_text())["fits"]
     steps = summary["reviews"]["steps"]
