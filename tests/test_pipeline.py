@@ -218,12 +218,14 @@ def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, pr
 
 
 @pytest.mark.slow
-def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_project):
+def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_project, tmp_path):
     # Your own task files take the built-ins' place through params.yaml alone: `bertflow run`
     # goes from the corpus to the transfer table, then `dvc repro` agrees nothing is stale.
+    import httpx
     from mlflow.tracking import MlflowClient
 
     from tests.test_finetune import _user_files
+    from tests.test_lifecycle import _env, _free_port, _start, _stop
 
     repo = dvc_project
     _user_files(repo / "data" / "user" / "tasks")
@@ -234,7 +236,8 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     data["finetune"].update(
         tasks={"reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
                            "columns": {"text": "review", "label": "verdict"}},
-               "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"}},
+               "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
+               "pos": {"kind": "token", "source": "data/user/tasks/pos.conll"}},  # plain tags
         seeds=[1, 2], lr=0.003, epochs=4, batch_size=16, patience=8)
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     run_cli("git", "add", "-A", cwd=repo)
@@ -242,13 +245,35 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
 
     out = run_cli("bertflow", "run", cwd=repo).stdout
     statuses = dict(line.split()[:2] for line in out.splitlines() if line.split()[1:2] == ["ran"])
-    assert list(statuses) == [*DATA_STAGES, "pretrain", "task_data@reviews", "task_data@ner",
-                              "finetune@reviews", "finetune@ner", "evaluate@reviews", "evaluate@ner",
-                              "transfer", "registry"]
+    tasks = ["reviews", "ner", "pos"]
+    assert list(statuses) == [*DATA_STAGES, "pretrain", *(f"{stage}@{task}" for stage in
+                                                          ("task_data", "finetune", "evaluate")
+                                                          for task in tasks), "transfer", "registry"]
     assert _dvc_clean(repo, "transfer")
     assert "didn't change, skipping" in run_cli("dvc", "repro", cwd=repo).stdout
     table = (repo / "metrics" / "transfer.md").read_text()
     assert "| reviews | classification | accuracy |" in table and "| ner | token | entity_f1 |" in table
+    # A part-of-speech file: plain tags, word accuracy, read against each word's most frequent tag.
+    pos = json.loads((repo / "metrics" / "transfer.json").read_text())["pos"]
+    assert (pos["metric"], pos["baseline_name"]) == ("word_accuracy", "most frequent tag")
+    assert "| pos | token | word_accuracy |" in table and pos["pretrained"]["mean"] > pos["baseline"]
+    # ... and its champion answers with a tag per word: the CLI, and REST.
+    text = "a quick run ended"
+    answer = json.loads(run_cli("bertflow", "predict", "pos", "--text", text, cwd=repo).stdout)
+    assert answer["tokens"] == text.split() and answer["tags"] == ["DET", "ADJ", "NOUN", "VERB"]
+    assert "entities" not in answer  # plain tags name no entities
+    port = _free_port()
+    server = _start(["mlflow", "models", "serve", "-m", "models:/pos@champion", "--env-manager", "local",
+                     "-h", "127.0.0.1", "-p", str(port)], repo,
+                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}"),
+                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    try:
+        served = httpx.post(f"http://127.0.0.1:{port}/invocations",
+                            json={"dataframe_records": [{"text": text}]}, timeout=60)
+    finally:
+        _stop(server)
+    assert served.status_code == 200
+    assert served.json()["predictions"] == [{"tokens": answer["tokens"], "tags": answer["tags"]}]
     stats = json.loads((repo / "metrics" / "tasks" / "ner" / "evaluate_stats.json").read_text())
     assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
     assert stats["primary"]["pretrained"]["mean"] > 0.8
