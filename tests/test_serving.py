@@ -16,9 +16,9 @@ WORDS = ["great", "film", "awful", "boring", "the", "a", "was", "movie", "loved"
 
 
 def tiny_task_model(root: Path, kind: str = "classification",
-                    labels: tuple[str, ...] = ("negative", "positive")) -> Path:
-    """An exported task model folder `root/model` of a classification or pair task (random
-    weights: serving, not quality, is under test)."""
+                    labels: tuple[str, ...] = ("negative", "positive"), scheme: str = "") -> Path:
+    """An exported task model folder `root/model` of a classification or pair task, or a token
+    task of plain tags (random weights: serving, not quality, is under test)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     from components.core.config import TaskConfig
@@ -39,7 +39,7 @@ def tiny_task_model(root: Path, kind: str = "classification",
     cfg = BertConfig(vocab_size=len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
     info = TaskModelInfo(config=cfg, task=TaskConfig(kind, "reviews.csv"), fit="pretrained-s1",
                          labels=list(labels), space=list(labels), max_seq_len=32, label_subwords="all",
-                         crf=False)
+                         crf=False, scheme=scheme)
     write_task_model(task_model(cfg, kind, list(labels)), info, root / "tok", root / "model")
     return root / "model"
 
@@ -62,6 +62,29 @@ def no_lightning(tmp_path_factory) -> Path:
         (folder / name).mkdir()
         (folder / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
     return folder
+
+
+def test_a_plain_tag_model_answers_tags_and_exports_to_transformers_alike(tmp_path):
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from components.lifecycle.hf_export import export_hf
+    from components.lifecycle.inference import load_task_model, predict_rows
+
+    tags = ("NOUN", "VERB", "DET")
+    model = load_task_model(tiny_task_model(tmp_path, "token", tags, scheme="plain"))
+    words = "the movie was great".split()
+    (answer,) = predict_rows(model, [{"tokens": words}])
+    assert set(answer) == {"tokens", "tags"} and len(answer["tags"]) == 4
+    assert set(answer["tags"]) <= set(tags)
+    export_hf(tmp_path / "model", tmp_path / "hf")
+    hf = AutoModelForTokenClassification.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    enc = tokenizer([words], is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        best = hf(**enc).logits.argmax(-1)[0]
+    first = [enc.word_ids(0).index(i) for i in range(len(words))]
+    assert [hf.config.id2label[int(best[i])] for i in first] == answer["tags"]
 
 
 def test_the_pyfunc_model_answers_without_lightning(pyfunc_model, no_lightning):
