@@ -274,6 +274,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         for fit, metrics in evaluated["fits"].items():
             assert metrics[evaluated["metric"]] > 0.8, (name, fit, metrics)
         assert (tmp_path / "metrics" / name / "curves.csv").exists()
+        if name == "pos":  # plain tags: a per-tag table and the confusion of the tags
+            assert (metrics_dir / "per_class.csv").exists() and (metrics_dir / "confusion.csv").exists()
         write_json(tmp_path / "metrics" / name / "evaluate_stats.json", evaluated)  # as run_stage does
 
         # The exported model reloads from safetensors + bertflow.json and predicts the same.
