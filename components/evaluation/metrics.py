@@ -3,9 +3,9 @@ fine-tuning (validation passes, early stopping).
 
 Classification (and plain tags, each word an example) through scikit-learn; entities of BIO
 tag sequences through seqeval, whose default mode follows conlleval (a span counts when its
-start, end and type all match). Span tasks may
-predict nested or overlapping spans, which no tag sequence can hold: they are scored by the same
-exact-match rule on sets of (start, end, type). Heavy imports happen inside the functions.
+start, end and type all match). Span tasks may predict nested or overlapping spans, which no tag
+sequence can hold: they are scored by the same exact-match rule on sets of (start, end, type).
+Heavy imports happen inside the functions.
 """
 
 from __future__ import annotations

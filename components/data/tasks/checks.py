@@ -231,15 +231,15 @@ def validate_split(table: pa.Table, kind: str, labels: list[str], where: Path,
             validate_kw.append(("ExpectColumnValuesToBeBetween", {"column": f"{c}_chars", "min_value": 1}))
         validation.validate(frame, f"task_{kind}", validate_kw, where)
         return
-    allowed = set(labels) if scheme == "plain" else {"O"} | {f"{p}-{lab}" for lab in labels for p in "BI"}
+    plain = scheme == "plain"
+    allowed = set(labels) if plain else {"O"} | {f"{p}-{lab}" for lab in labels for p in "BI"}
     tags = table["tags"].to_pylist()
     frame = pd.DataFrame({
         "tokens": [len(t) for t in table["tokens"].to_pylist()],
         "tags": [len(t) for t in tags],
-        # tags outside the label set, and I- tags that continue nothing (BIO2 broken)
+        # tags outside the label set, and (BIO) I- tags that continue nothing: BIO2 broken
         "bad_tags": [sum(t not in allowed for t in ts) for ts in tags],
-        "bad_starts": [0 if scheme == "plain" else sum(t[:2] == "I-" and (i == 0 or ts[i - 1][2:] != t[2:])
-                                                       for i, t in enumerate(ts)) for ts in tags],
+        "bad_starts": [0 if plain else _orphan_inside_tags(ts) for ts in tags],
     })
     frame["same_length"] = frame["tokens"] == frame["tags"]
     validation.validate(frame, f"task_{kind}", [
@@ -249,6 +249,11 @@ def validate_split(table: pa.Table, kind: str, labels: list[str], where: Path,
         ("ExpectColumnValuesToBeInSet", {"column": "bad_tags", "value_set": [0]}),
         ("ExpectColumnValuesToBeInSet", {"column": "bad_starts", "value_set": [0]}),
     ], where)
+
+
+def _orphan_inside_tags(tags: list[str]) -> int:
+    """I- tags that follow no tag of their type (what BIO2 never has)."""
+    return sum(t[:2] == "I-" and (i == 0 or tags[i - 1][2:] != t[2:]) for i, t in enumerate(tags))
 
 
 def _stripped_lengths(column: pa.ChunkedArray) -> np.ndarray:
