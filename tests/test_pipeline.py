@@ -149,6 +149,7 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
     import json
 
     import dask
+    import dask.distributed  # noqa: F401  (its defaults first: see below)
     from mlflow.tracking import MlflowClient
 
     from components.core.errors import DataError
@@ -157,6 +158,9 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
 
     # An unreachable Dask scheduler is an infrastructure failure: Prefect retries it (2 retries).
     # dask.config, not the environment: Dask reads that once, when it is first imported.
+    # dask.distributed is imported above so that its defaults are loaded before the set below:
+    # imported inside it, they would be dropped with the set's `distributed` key on exit, and a
+    # later test in this process could not start a LocalCluster.
     monkeypatch.setattr("pipeline.flow.stage_task.retry_delay_seconds", 0)
     params = write_params(tmp_path / "a", small_params(
         executor={"kind": "dask", "dask_address": "tcp://127.0.0.1:9"},
