@@ -18,6 +18,8 @@ from components.core.errors import BertflowError
 from pipeline.lock import holder, lock_path, project_lock, under_lock
 from tests.conftest import BIN, ROOT, run_cli
 
+pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
+
 
 def _holder(root: Path, then: str = "") -> subprocess.Popen:
     """A process that takes `root`'s lock, runs the Python statement `then`, and, once it has
@@ -158,10 +160,11 @@ def _pretrain_run_open(db: Path) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
-def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project, sig):
+def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project, sig, monkeypatch):
     import psutil
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.delenv("PREFECT_API_URL")  # the default: the run starts a temporary server
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     run = subprocess.Popen(["bertflow", "run"], cwd=dvc_project, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)

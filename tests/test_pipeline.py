@@ -10,6 +10,8 @@ import yaml
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
+
 DATA_STAGES = ["ingest", "clean", "checkpoint", "tokenizer", "pairs"]
 
 
@@ -29,7 +31,7 @@ def _lock_out(repo, stage: str) -> str:
 
 
 @pytest.mark.slow
-def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_harness):
+def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_api):
     from pipeline.flow import pipeline_flow
 
     repo, params = dvc_project, str(dvc_project / "params.yaml")
@@ -145,7 +147,7 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
 
 
 @pytest.mark.slow
-def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, monkeypatch):
+def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_api, monkeypatch):
     import json
 
     import dask
@@ -191,7 +193,7 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
 
 
 @pytest.mark.slow
-def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, prefect_harness,
+def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, prefect_api,
                                                                      monkeypatch):
     from mlflow.tracking import MlflowClient
 
