@@ -460,14 +460,14 @@ def main() -> None:
 
     env.configure()
 
-    def fail(message: str) -> None:
+    def fail(message: str, code: int = 1) -> None:
         typer.echo(redact(message), err=True)
-        sys.exit(1)
+        sys.exit(code)
 
     try:
         app()
     except BertflowError as e:
-        fail(f"error: {e}")
+        fail(f"error: {e}", getattr(e, "exit_code", 1))  # 143 for a run SIGTERM ended
     except OSError as e:  # disk full, permission denied, a path that is not there
         fail(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "))
     except Exception as e:

@@ -7,7 +7,12 @@ the cache and the outputs exactly as `dvc repro` would, and a second run skips e
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -37,6 +42,42 @@ _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 _TRANSIENT_NAMES = {"OperationalError", "CommClosedError"}  # sqlite/SQLAlchemy locks, Dask comms
 
 
+class Terminated(BertflowError):
+    """SIGTERM ended the run: the stage it reached failed, and the command exits 143."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+_STAGES: set[subprocess.Popen] = set()  # the stage processes running now (one at a time)
+_TERMINATED = threading.Event()
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_stage() -> Iterator[None]:
+    """SIGTERM during the flow run goes to the running stage's process, which ends as a failure
+    (its MLflow run FAILED, its temp outputs removed); the flow fails with it, records that, and
+    Prefect's server is stopped on the way out. With no stage process running it stops the flow
+    at once. Installed inside the flow run because Prefect's own handler, set at its start,
+    waits for the running stage to finish before acting."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only that one
+        yield
+        return
+
+    def ended(signum: int, frame) -> None:
+        _TERMINATED.set()
+        if not _STAGES:
+            raise Terminated("terminated by SIGTERM")
+        for proc in list(_STAGES):
+            proc.terminate()
+
+    _TERMINATED.clear()
+    previous = signal.signal(signal.SIGTERM, ended)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _retry_transient(task, task_run, state) -> bool:
     """Prefect's retry_condition_fn: retry only transient infrastructure failures."""
     try:
@@ -59,6 +100,8 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -
     logger = get_run_logger()
     root = Path(params_path).parent
     start = time.perf_counter()
+    if _TERMINATED.is_set():  # the next stage of a group, after a SIGTERM
+        raise Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
     if tracked and not versioning.is_stale(root, name):
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
@@ -99,7 +142,6 @@ def registry_task(params_path: str, tasks: list[str], parent_run_id: str) -> dic
 def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: str) -> dict:
     """`bertflow stage NAME` as a child process, its MLflow run nested under the flow's."""
     import os
-    import subprocess
     import sys
 
     from components.core.io import read_json
@@ -111,6 +153,7 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
     lines: list[str] = []
     with subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,
                           text=True) as proc:
+        _STAGES.add(proc)
         try:
             for line in proc.stderr:  # pass the stage's log through, keep its end for errors
                 sys.stderr.write(line)
@@ -118,6 +161,10 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
         except BaseException:  # interrupted: the stage ends too, not after its last step
             proc.terminate()
             raise
+        finally:
+            _STAGES.discard(proc)
+    if _TERMINATED.is_set():
+        raise Terminated(f"stage {name}: terminated by SIGTERM (exit {proc.returncode})")
     if proc.returncode != 0:
         message = next((ln[len("error: "):] for ln in reversed(lines) if ln.startswith("error: ")),
                        None)
@@ -175,7 +222,7 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
     project: with another running, wait for it (`wait`) or refuse."""
     from pipeline.lock import project_lock
 
-    with project_lock(Path(params_path).resolve().parent, wait):
+    with project_lock(Path(params_path).resolve().parent, wait), _sigterm_ends_the_stage():
         return _pipeline(params_path, until)
 
 

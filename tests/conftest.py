@@ -6,9 +6,11 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -136,12 +138,28 @@ def pairs_out(stages_dir) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """A real, temporary Prefect API for in-process flow runs."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_api(tmp_path_factory) -> Iterator[str]:
+    """One real Prefect server for the test process (`bertflow server start`'s), the API of the
+    flow runs its tests start, in-process and in `bertflow run` subprocesses (PREFECT_API_URL):
+    each run would otherwise start and stop a temporary server of its own, 10-15 s on 2 busy
+    cores. Once started it stays the API for the process's later tests; those of the default,
+    with no API configured, remove PREFECT_API_URL from their runs' environment."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    from pipeline import prefect_server
+
+    root = tmp_path_factory.mktemp("prefect-api")
+    with socket.socket() as s:  # a free port: the test processes start one server each
+        s.bind((prefect_server.HOST, 0))
+        port = s.getsockname()[1]
+    server, _ = prefect_server.start(root, port, say=lambda _: None)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        prefect_server.stop(root)
 
 
 def make_dvc_project(repo: Path, data: dict) -> Path:

@@ -16,6 +16,8 @@ import yaml
 from components.core.errors import DataError
 from tests.conftest import PACKAGES, run_cli
 
+pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
+
 TEXTS = ["The president said the bill would cut taxes.", "A short one.",
          "Café naïve résumé: 1,234 dollars, [MASK] and all."]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ import pytest
 from components.core.errors import BertflowError
 from pipeline.lock import holder, lock_path, project_lock, under_lock
 from tests.conftest import BIN, ROOT, run_cli
+
+pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
 
 
 def _holder(root: Path, then: str = "") -> subprocess.Popen:
@@ -145,10 +148,23 @@ def test_a_holder_that_ends_normally_stops_its_watchdog_and_frees_the_lock(tmp_p
         pass
 
 
-@pytest.mark.slow
-def test_kill_9_of_a_run_ends_its_pretraining_child_and_prefect_server(dvc_project):
-    import psutil
+def _pretrain_run_open(db: Path) -> bool:
+    """Whether the pretrain stage has opened its MLflow run (it is setting up or training)."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return bool(con.execute("select 1 from tags where key = 'bertflow.stage' and "
+                                    "value = 'pretrain'").fetchone())
+    except sqlite3.Error:
+        return False
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project, sig, monkeypatch):
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("PREFECT_API_URL")  # the default: the run starts a temporary server
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     run = subprocess.Popen(["bertflow", "run"], cwd=dvc_project, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -157,17 +173,24 @@ def test_kill_9_of_a_run_ends_its_pretraining_child_and_prefect_server(dvc_proje
         assert time.time() < deadline
         if "stage pretrain: running" in line:
             break
-    while not any("stage pretrain" in " ".join(p.cmdline()) for p in _descendants(run.pid)):
+    # As soon as the stage has opened its MLflow run: a SIGTERM during its setup must end it too.
+    while not _pretrain_run_open(dvc_project / "mlflow.db"):
         assert time.time() < deadline and run.poll() is None
         time.sleep(0.1)
-    time.sleep(2)
     started = [p for p in _descendants(run.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
     assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # Prefect's temporary server
-    os.kill(run.pid, signal.SIGKILL)  # the run's pid alone, not its process group
-    run.wait()
+    os.kill(run.pid, sig)  # the run's pid alone, not its process group
+    err = run.stderr.read()
+    assert run.wait(timeout=300) == (-sig if sig == signal.SIGKILL else 128 + sig), err[-3000:]
     with project_lock(dvc_project, wait=True, poll_seconds=0.1):
         assert not [" ".join(p.cmdline()) for p in started
                     if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if sig == signal.SIGTERM:  # ended as a failure: the flow's run and the stage's, not RUNNING
+        assert "error: stage pretrain: terminated by SIGTERM" in err
+        client = MlflowClient(f"sqlite:///{dvc_project / 'mlflow.db'}")
+        runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
+        status = {r.data.tags.get("bertflow.stage", "flow"): r.info.status for r in runs}
+        assert status["flow"] == status["pretrain"] == "FAILED", status
 
 
 def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusing(tmp_path):

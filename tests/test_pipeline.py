@@ -10,6 +10,8 @@ import yaml
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
+
 DATA_STAGES = ["ingest", "clean", "checkpoint", "tokenizer", "pairs"]
 
 
@@ -29,7 +31,7 @@ def _lock_out(repo, stage: str) -> str:
 
 
 @pytest.mark.slow
-def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_harness):
+def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_api):
     from pipeline.flow import pipeline_flow
 
     repo, params = dvc_project, str(dvc_project / "params.yaml")
@@ -145,10 +147,11 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
 
 
 @pytest.mark.slow
-def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, monkeypatch):
+def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_api, monkeypatch):
     import json
 
     import dask
+    import dask.distributed  # noqa: F401  (its defaults first: see below)
     from mlflow.tracking import MlflowClient
 
     from components.core.errors import DataError
@@ -157,6 +160,9 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
 
     # An unreachable Dask scheduler is an infrastructure failure: Prefect retries it (2 retries).
     # dask.config, not the environment: Dask reads that once, when it is first imported.
+    # dask.distributed is imported above so that its defaults are loaded before the set below:
+    # imported inside it, they would be dropped with the set's `distributed` key on exit, and a
+    # later test in this process could not start a LocalCluster.
     monkeypatch.setattr("pipeline.flow.stage_task.retry_delay_seconds", 0)
     params = write_params(tmp_path / "a", small_params(
         executor={"kind": "dask", "dask_address": "tcp://127.0.0.1:9"},
@@ -187,7 +193,7 @@ def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_harness, 
 
 
 @pytest.mark.slow
-def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, prefect_harness,
+def test_a_retried_stage_that_then_succeeds_leaves_one_finished_run(tmp_path, prefect_api,
                                                                      monkeypatch):
     from mlflow.tracking import MlflowClient
 

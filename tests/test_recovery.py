@@ -24,7 +24,7 @@ import yaml
 
 from tests.conftest import BIN, make_task_project, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 TASKS = {
     "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
                 "columns": {"text": "review", "label": "verdict"}},

@@ -51,7 +51,8 @@ def test_log_records_are_redacted_whatever_handler_writes_them(monkeypatch, capl
 
 
 @pytest.mark.slow
-def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path):
+def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # the default: a temporary server
     # MLflow names the server in its error: the token must not come with it (the user:password
     # form is masked the same way: the Prefect state test below).
     uri = f"http://{SECRET}@127.0.0.1:9/?access_token={SECRET}"
@@ -82,7 +83,7 @@ def test_mlflow_params_and_tags_hold_no_secrets(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_failed_flow_run_keeps_no_secret_in_its_prefect_state(tmp_path, prefect_harness, monkeypatch):
+def test_a_failed_flow_run_keeps_no_secret_in_its_prefect_state(tmp_path, prefect_api, monkeypatch):
     from pipeline.flow import pipeline_flow
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
