@@ -303,6 +303,47 @@ def export_hf(
                "(load with transformers' from_pretrained)")
 
 
+@app.command("serve-model")
+def serve_model(
+    task: Annotated[str, typer.Argument(help="The task (its registered model).")],
+    model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
+    trust_model: Annotated[bool, typer.Option(help="Serve a --model folder from outside this "
+                                                   "project (MLflow unpickles its code).")] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 5000,
+    workers: Annotated[int, typer.Option(help="Server processes.", min=1)] = 1,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body; a larger one gets 413.",
+                                               min=0.001)] = 10.0,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Serve a registered model over REST until Ctrl-C or SIGTERM: MLflow's scoring server
+    (POST /invocations, GET /ping), as `mlflow models serve` runs it, behind a request-body
+    limit (MLflow's server alone reads any body whole into memory)."""
+    import os
+    import tempfile
+
+    import mlflow
+    from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
+
+    from components.lifecycle.body_limit import MAX_BODY_ENV
+    from components.lifecycle.registry import checked_uri
+    from pipeline.ui import check_port, run_until_stopped
+
+    uri = model or f"models:/{task}@champion"
+    if model and not trust_model:
+        _check_model_folder(model, params.resolve().parent)
+    checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
+    check_port(host, port, uri)
+    with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
+        env = {**os.environ, _SERVER_MODEL_PATH: mlflow.artifacts.download_artifacts(uri, dst_path=tmp),
+               MAX_BODY_ENV: str(int(max_body_mb * 1_000_000))}
+        typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
+                   f"{max_body_mb:g} MB; Ctrl-C stops it)")
+        code = run_until_stopped([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
+                                  "--workers", str(workers), "components.lifecycle.scoring_app:app"], env)
+    raise typer.Exit(code)
+
+
 PrefectPortOption = Annotated[int, typer.Option(
     "--port", help="Port of the project's Prefect server (a free one if taken).")]
 
