@@ -209,9 +209,7 @@ def predict(
     for option, values in (("--text", text), ("--text-b", text_b)):
         if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
             raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
-    if model and not trust_model:
-        _check_model_folder(model, params.resolve().parent)
-    pyfunc = _load_pyfunc(model or f"models:/{task}@champion", params)
+    pyfunc = _load_pyfunc(_model_uri(task, model, trust_model, params))
     # Blank texts are refused before the model runs, each named by where it is in the input.
     inputs = pyfunc.metadata.get_input_schema()
     columns = inputs.input_names() if inputs is not None else TEXTS
@@ -236,6 +234,17 @@ def predict(
                 sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
 
 
+def _model_uri(task: str, model: str | None, trust_model: bool, params: Path) -> str:
+    """The model a command loads: `model`, else TASK's champion; a registry URI checked
+    against the registry, a folder from outside the project refused unless trusted."""
+    from components.lifecycle.registry import checked_uri
+
+    uri = model or f"models:/{task}@champion"
+    if model and not trust_model:
+        _check_model_folder(model, params.resolve().parent)
+    return checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
+
+
 def _check_model_folder(uri: str, root: Path) -> None:
     """Refuse a model from outside the project: loading an MLflow pyfunc model unpickles its
     Python object, which runs whatever code the model's author put in it. Registry and run URIs
@@ -253,15 +262,12 @@ def _check_model_folder(uri: str, root: Path) -> None:
                             "if you trust who wrote it")
 
 
-def _load_pyfunc(uri: str, params: Path):
-    """The pyfunc model at `uri`; an unknown registered model, alias or version, or a model
-    MLflow cannot load, is one clear line naming it."""
+def _load_pyfunc(uri: str):
+    """The pyfunc model at `uri` (from _model_uri); a model MLflow cannot load is one clear
+    line naming it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from components.lifecycle.registry import checked_uri
-
-    checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
     try:
         return mlflow.pyfunc.load_model(uri)
     except MlflowException as e:
@@ -326,13 +332,9 @@ def serve_model(
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
 
     from components.lifecycle.body_limit import MAX_BODY_ENV
-    from components.lifecycle.registry import checked_uri
     from pipeline.ui import check_port, run_until_stopped
 
-    uri = model or f"models:/{task}@champion"
-    if model and not trust_model:
-        _check_model_folder(model, params.resolve().parent)
-    checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
+    uri = _model_uri(task, model, trust_model, params)
     check_port(host, port, uri)
     with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
         env = {**os.environ, _SERVER_MODEL_PATH: mlflow.artifacts.download_artifacts(uri, dst_path=tmp),
