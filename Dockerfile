@@ -7,9 +7,8 @@
 # Run:            docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:$PWD" -w "$PWD" \
 #                   -e PYTHONPATH="$PWD" bertflow run              (add --gpus all with :cuda)
 # Serve a model:  docker run --rm -p 127.0.0.1:5000:5000 --user "$(id -u):$(id -g)" \
-#                   -v "$PWD:$PWD" -w "$PWD" -e MLFLOW_TRACKING_URI="sqlite:///$PWD/mlflow.db" \
-#                   --entrypoint mlflow bertflow \
-#                   models serve -m models:/movie-sentiment@champion --env-manager local -h 0.0.0.0
+#                   -v "$PWD:$PWD" -w "$PWD" -e PYTHONPATH="$PWD" bertflow \
+#                   serve-model movie-sentiment --host 0.0.0.0 --port 5000
 # The checkout at its own path: mlflow.db keeps absolute artifact locations, which then hold
 # inside and outside the container (at /work it is a project of another path).
 # --user: the mounted checkout is the host user's; run as that uid, the container can write it

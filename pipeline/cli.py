@@ -209,9 +209,7 @@ def predict(
     for option, values in (("--text", text), ("--text-b", text_b)):
         if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
             raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
-    if model and not trust_model:
-        _check_model_folder(model, params.resolve().parent)
-    pyfunc = _load_pyfunc(model or f"models:/{task}@champion", params)
+    pyfunc = _load_pyfunc(_model_uri(task, model, trust_model, params))
     # Blank texts are refused before the model runs, each named by where it is in the input.
     inputs = pyfunc.metadata.get_input_schema()
     columns = inputs.input_names() if inputs is not None else TEXTS
@@ -236,6 +234,17 @@ def predict(
                 sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
 
 
+def _model_uri(task: str, model: str | None, trust_model: bool, params: Path) -> str:
+    """The model a command loads: `model`, else TASK's champion; a registry URI checked
+    against the registry, a folder from outside the project refused unless trusted."""
+    from components.lifecycle.registry import checked_uri
+
+    uri = model or f"models:/{task}@champion"
+    if model and not trust_model:
+        _check_model_folder(model, params.resolve().parent)
+    return checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
+
+
 def _check_model_folder(uri: str, root: Path) -> None:
     """Refuse a model from outside the project: loading an MLflow pyfunc model unpickles its
     Python object, which runs whatever code the model's author put in it. Registry and run URIs
@@ -253,15 +262,12 @@ def _check_model_folder(uri: str, root: Path) -> None:
                             "if you trust who wrote it")
 
 
-def _load_pyfunc(uri: str, params: Path):
-    """The pyfunc model at `uri`; an unknown registered model, alias or version, or a model
-    MLflow cannot load, is one clear line naming it."""
+def _load_pyfunc(uri: str):
+    """The pyfunc model at `uri` (from _model_uri); a model MLflow cannot load is one clear
+    line naming it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from components.lifecycle.registry import checked_uri
-
-    checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
     try:
         return mlflow.pyfunc.load_model(uri)
     except MlflowException as e:
@@ -301,6 +307,43 @@ def export_hf(
         info = convert(local / "artifacts" / "model", out, name=uri)
     typer.echo(f"{out}: {info['architecture']} with {info['labels']} labels "
                "(load with transformers' from_pretrained)")
+
+
+@app.command("serve-model")
+def serve_model(
+    task: Annotated[str, typer.Argument(help="The task (its registered model).")],
+    model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
+    trust_model: Annotated[bool, typer.Option(help="Serve a --model folder from outside this "
+                                                   "project (MLflow unpickles its code).")] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 5000,
+    workers: Annotated[int, typer.Option(help="Server processes.", min=1)] = 1,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body; a larger one gets 413.",
+                                               min=0.001)] = 10.0,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Serve a registered model over REST until Ctrl-C or SIGTERM: MLflow's scoring server
+    (POST /invocations, GET /ping), as `mlflow models serve` runs it, behind a request-body
+    limit (MLflow's server alone reads any body whole into memory)."""
+    import os
+    import tempfile
+
+    import mlflow
+    from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
+
+    from components.lifecycle.body_limit import MAX_BODY_ENV
+    from pipeline.ui import check_port, run_until_stopped
+
+    uri = _model_uri(task, model, trust_model, params)
+    check_port(host, port, uri)
+    with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
+        env = {**os.environ, _SERVER_MODEL_PATH: mlflow.artifacts.download_artifacts(uri, dst_path=tmp),
+               MAX_BODY_ENV: str(int(max_body_mb * 1_000_000))}
+        typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
+                   f"{max_body_mb:g} MB; Ctrl-C stops it)")
+        code = run_until_stopped([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
+                                  "--workers", str(workers), "components.lifecycle.scoring_app:app"], env)
+    raise typer.Exit(code)
 
 
 PrefectPortOption = Annotated[int, typer.Option(

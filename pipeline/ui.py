@@ -59,7 +59,7 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM (and SIGINT, whatever it inherited) stop the UI alike
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, what: str = "the MLflow UI") -> None:
     """A clear error if `port` on `host` cannot be listened on (taken, or not this machine's):
     the MLflow server would print a bind error and still exit 0."""
     import socket
@@ -70,7 +70,7 @@ def check_port(host: str, port: int) -> None:
         with socket.create_server((host, port)):
             pass
     except OSError as e:
-        raise BertflowError(f"cannot serve the MLflow UI on {host}:{port}: "
+        raise BertflowError(f"cannot serve {what} on {host}:{port}: "
                             f"{os.strerror(e.errno) if e.errno else e}; "
                             "pick another with --port") from None
 
@@ -80,8 +80,14 @@ def serve_ui(params: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
     import typer
 
     check_port(host, port)
-    proc = subprocess.Popen(mlflow_ui_command(params, host, port), start_new_session=True)
     typer.echo(f"MLflow UI: http://{host}:{port} (Ctrl-C stops it)\n{PREFECT_HINT}")
+    return run_until_stopped(mlflow_ui_command(params, host, port))
+
+
+def run_until_stopped(cmd: list[str], env: dict[str, str] | None = None) -> int:
+    """Run a server command in a session of its own until it exits, or until Ctrl-C or SIGTERM
+    stop its whole process group; return its exit code (0 when stopped)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     # SIGINT too: a process started in the background of a script inherits SIGINT ignored,
     # and `kill -INT` (or Ctrl-C once it is brought to the foreground) must still stop it.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -311,14 +311,11 @@ def _api_post(url: str) -> dict:
     return answer.json()
 
 
-def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
+def test_a_scheduled_run_triggered_through_a_prefect_server(project, prefect_api, tmp_path):
     import httpx
 
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = _env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false")
-    server = _start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)], project,
-                    env, f"{api}/health", tmp_path / "server.log")
+    api = prefect_api  # a real `prefect server start`, the API `bertflow serve` is given
+    env = _env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=api)
     # What the scheduled run should pick up: a changed NER setting.
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["finetune"]["tasks"]["ner"]["epochs"] = 6
@@ -349,9 +346,8 @@ def test_a_scheduled_run_triggered_through_a_prefect_server(project, tmp_path):
             time.sleep(1)
         assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-5000:]
     finally:
-        for proc in (serving, server):
-            if proc is not None:
-                _stop(proc)
+        if serving is not None:
+            _stop(serving)
     after = {t: len(client.search_model_versions(f"name='{t}'")) for t in TASKS}
     assert after == {**before, "ner": before["ner"] + 1}  # only the changed task is new
     assert str(client.get_model_version_by_alias("ner", "candidate").version) == str(after["ner"])

@@ -120,14 +120,17 @@ def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, 
 
 
 @pytest.mark.slow
-def test_rest_answers_blank_text_and_requests_over_the_limits_with_400(pyfunc_model, tmp_path):
+def test_rest_answers_blank_text_and_requests_over_the_limits_with_400_or_413(pyfunc_model, tmp_path):
     import httpx
 
     from tests.test_lifecycle import _env, _free_port, _start, _stop
 
+    # `bertflow serve-model`: MLflow's scoring server (`mlflow models serve` is tested in
+    # test_lifecycle and test_pipeline) behind a request-body limit, here 2,000 bytes.
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
     port = _free_port()
-    server = _start(["mlflow", "models", "serve", "-m", str(pyfunc_model), "--env-manager", "local",
-                     "-h", "127.0.0.1", "-p", str(port)], tmp_path,
+    server = _start(["bertflow", "serve-model", "reviews", "--model", str(pyfunc_model), "--trust-model",
+                     "--port", str(port), "--max-body-mb", "0.002", "-p", str(params)], tmp_path,
                     _env(BERTFLOW_MAX_ROWS="4", BERTFLOW_MAX_TEXT_CHARS="1000"),
                     f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
     try:
@@ -144,5 +147,16 @@ def test_rest_answers_blank_text_and_requests_over_the_limits_with_400(pyfunc_mo
                                  ([{"text": "film " * 201}], "row 0: column 'text' holds 1,005 characters")):
             answer = httpx.post(url, json={"dataframe_records": records}, timeout=60)
             assert answer.status_code == 400 and message in answer.json()["message"], answer.text
+        # A body over the limit never reaches the model: by its Content-Length, or as it arrives.
+        big = json.dumps({"dataframe_records": [{"text": "film " * 600}]}).encode()
+        answer = httpx.post(url, content=big, headers={"content-type": "application/json"}, timeout=60)
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["message"].startswith(f"the request body is {len(big):,} bytes; at most "
+                                                   "2,000 bytes (bertflow serve-model --max-body-mb)")
+        chunked = httpx.post(url, content=iter([big[:1500], big[1500:]]),
+                             headers={"content-type": "application/json"}, timeout=60)
+        assert chunked.status_code == 413 and "over 2,000 bytes" in chunked.json()["message"]
+        assert httpx.post(url, json={"dataframe_records": [{"text": "a great film"}]},
+                          timeout=60).status_code == 200
     finally:
         _stop(server)

@@ -21,10 +21,10 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     "checkpoint": ("init_from",),
     "tokenizer": ("vocab_size", "tokens_per_word", "unk_rate"),
     "pairs": ("train.instances", "train.tokens", "heldout.instances"),
-    "pretrain": ("steps", "max_steps", "stopped_by", "tokens", "mlm_accuracy", "nsp_accuracy",
-                 "perplexity"),
+    "pretrain": ("steps", "stopped_by", "mlm_accuracy", "nsp_accuracy", "perplexity"),
 }
-"""The stats shown per stage, in run order (dotted keys of its `<stage>_stats.json`)."""
+"""The stats shown per stage, in run order (dotted keys of its `<stage>_stats.json`); each line
+fits 130 columns (`stopped_by` says whether `steps` reached `max_steps`)."""
 
 
 def _read(path: Path) -> dict[str, Any]:
