@@ -200,7 +200,7 @@ def predict(
     from components.core.errors import ConfigError, DataError
     from components.core.io import atomic_file
     from components.core.progress import bar
-    from components.lifecycle.inference import TEXTS, blank_column, read_numbered
+    from components.lifecycle.rows import TEXTS, blank_column, read_numbered
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")

@@ -83,7 +83,7 @@ def embed(
     from components.core.progress import bar
     from components.lifecycle.explore import embed as pooled
     from components.lifecycle.explore import token_vectors
-    from components.lifecycle.inference import read_batches
+    from components.lifecycle.rows import read_batches
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")

@@ -93,8 +93,11 @@ def _retry_transient(task, task_run, state) -> bool:
 
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
 @masks_errors
-def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -> dict:
-    """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip."""
+def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
+               known_fresh: bool = False) -> dict:
+    """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip.
+    `known_fresh`: DVC found it up to date at the start of this run, and no stage has run since,
+    so DVC is not asked again."""
     from prefect.runtime import task_run
 
     logger = get_run_logger()
@@ -102,7 +105,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool) -
     start = time.perf_counter()
     if _TERMINATED.is_set():  # the next stage of a group, after a SIGTERM
         raise Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
-    if tracked and not versioning.is_stale(root, name):
+    if tracked and (known_fresh or not versioning.is_stale(root, name)):
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
         return {"status": "skipped", "seconds": time.perf_counter() - start, "stats": stats}
@@ -243,6 +246,12 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)
+    # Up to date at the start: a stage still is until one runs (it may change their deps).
+    fresh_at_start = set(plan(p, until)) - versioning.stale_stages(root) if tracked else set()
+
+    def known_fresh(name: str) -> bool:
+        return name in fresh_at_start and all(r["status"] != "ran" for r in results.values())
+
     results: dict[str, dict] = {}
     current = None
     try:
@@ -252,10 +261,11 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
             for group in stage_groups(plan(p, until)):
                 if len(group) == 1:
                     current = group[0]
-                    results[current] = stage_task(current, str(path), parent.run_id, tracked)
+                    results[current] = stage_task(current, str(path), parent.run_id, tracked,
+                                                  known_fresh(current))
                     continue
                 futures = stage_task.map(group, unmapped(str(path)), unmapped(parent.run_id),
-                                         unmapped(tracked))
+                                         unmapped(tracked), [known_fresh(n) for n in group])
                 wait(futures)  # every task of the group ends before a failure is raised
                 outcome = dict(zip(group, futures, strict=True))
                 results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})

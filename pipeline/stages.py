@@ -224,7 +224,8 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
     tags = {"bertflow.stage": name, "bertflow.status": status,
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
     if versioning.is_dvc_project(root):
-        tags.update(versioning.dep_hashes(root, name))
+        tags.update(versioning.recorded_dep_hashes(root, name) if status == "skipped"
+                    else versioning.dep_hashes(root, name))
     run = tracking.mlflow_run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
     return p, root, run
 

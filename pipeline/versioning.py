@@ -38,6 +38,13 @@ def is_stale(root: Path, stage: str) -> bool:
         return bool(repo.status(targets=[stage]))
 
 
+def stale_stages(root: Path) -> set[str]:
+    """Every stage DVC would rerun now, in one pass over the pipeline (a run's first check:
+    asking stage by stage loads dvc.yaml and dvc.lock again for each)."""
+    with _repo(root) as repo:
+        return set(repo.status())
+
+
 def _journal(root: Path) -> Path:
     """dvc.lock as it was before the `dvc commit` under way (DVC's temp folder, git-ignored)."""
     return root / ".dvc" / "tmp" / "dvc.lock.before-commit"
@@ -105,6 +112,16 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
                 value = "missing"
             tags[f"dvc.dep.{dep.def_path}"] = value
     return tags
+
+
+def recorded_dep_hashes(root: Path, stage: str) -> dict[str, str]:
+    """dep_hashes of a stage DVC found up to date, read from dvc.lock: its deps hash as
+    recorded there, without hashing them again."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    recorded = yaml.load((root / "dvc.lock").read_text(), Loader=loader)["stages"][stage]
+    return {f"dvc.dep.{d['path']}": d["md5"] for d in recorded.get("deps", [])}
 
 
 def changed_outs(root: Path, *stages: str) -> dict[str, str]:

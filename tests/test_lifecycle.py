@@ -157,7 +157,7 @@ def test_predict_streams_a_file_of_three_thousand_lines(project, tmp_path, monke
     import mlflow
     import pandas as pd
 
-    from components.lifecycle.inference import read_batches
+    from components.lifecycle.rows import read_batches
 
     # Lines like the training file's: an even number is reviewed with a positive word. (Which
     # cue wins when the two disagree is asked of the champion in the first test.)

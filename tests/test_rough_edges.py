@@ -50,7 +50,8 @@ def test_a_call_over_the_row_or_text_limits_is_refused_naming_the_limit(models, 
     from dataclasses import replace
 
     from components.core.errors import DataError
-    from components.lifecycle.inference import Limits, load_task_model, predict_rows
+    from components.lifecycle.inference import load_task_model, predict_rows
+    from components.lifecycle.rows import Limits
 
     monkeypatch.setenv("BERTFLOW_MAX_TEXT_CHARS", "40")
     reviews = load_task_model(models["reviews"])
@@ -84,7 +85,7 @@ def test_the_pyfunc_model_turns_a_blank_text_into_a_bad_request(models, tmp_path
 
 
 def test_blank_columns_are_found_where_a_model_reads_them():
-    from components.lifecycle.inference import blank_column
+    from components.lifecycle.rows import blank_column
 
     assert blank_column({"text": " "}, ["text"]) == "text"
     assert blank_column({"text": "", "tokens": ["Jones", "spoke"]}, ["text", "tokens"]) is None
@@ -93,7 +94,7 @@ def test_blank_columns_are_found_where_a_model_reads_them():
 
 
 def test_input_rows_know_their_line_or_row(tmp_path):
-    from components.lifecycle.inference import read_numbered
+    from components.lifecycle.rows import read_numbered
 
     (tmp_path / "in.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c"}\n')
     assert [[p for p, _ in b] for b in read_numbered(tmp_path / "in.jsonl", 2)] == \
@@ -116,7 +117,7 @@ def test_input_rows_know_their_line_or_row(tmp_path):
 ])
 def test_prediction_input_is_read_strictly(tmp_path, name, content, message):
     from components.core.errors import DataError
-    from components.lifecycle.inference import read_numbered
+    from components.lifecycle.rows import read_numbered
 
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataError) as e:
@@ -125,7 +126,7 @@ def test_prediction_input_is_read_strictly(tmp_path, name, content, message):
 
 
 def test_prediction_input_keeps_line_separators_inside_texts(tmp_path):
-    from components.lifecycle.inference import read_numbered
+    from components.lifecycle.rows import read_numbered
 
     (tmp_path / "in.jsonl").write_text('{"text": "one\u2028two"}\n{"text": "three"}\n')
     assert [r["text"] for b in read_numbered(tmp_path / "in.jsonl", 5) for _, r in b] == \

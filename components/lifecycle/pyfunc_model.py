@@ -28,7 +28,8 @@ class TaskPyfunc(PythonModel):
     # The signature enforces the input schema; the hint only tells MLflow not to re-infer one.
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[dict]:
         from components.core.errors import DataError
-        from components.lifecycle.inference import check_columns, predict_rows
+        from components.lifecycle.inference import predict_rows
+        from components.lifecycle.rows import check_columns
 
         batch_size = int((params or {}).get("batch_size", 64))
         try:

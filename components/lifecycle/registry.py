@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.errors import BertflowError
-from components.lifecycle.inference import INPUTS
+from components.lifecycle.rows import INPUTS
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY = "bertflow.champions"  # registered-model tag: JSON list of champion versions, oldest first
