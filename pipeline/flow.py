@@ -246,19 +246,20 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)
+    names = plan(p, until)
+    results: dict[str, dict] = {}
     # Up to date at the start: a stage still is until one runs (it may change their deps).
-    fresh_at_start = set(plan(p, until)) - versioning.stale_stages(root) if tracked else set()
+    fresh_at_start = set(names) - versioning.stale_stages(root) if tracked else set()
 
     def known_fresh(name: str) -> bool:
         return name in fresh_at_start and all(r["status"] != "ran" for r in results.values())
 
-    results: dict[str, dict] = {}
     current = None
     try:
         with tracking.mlflow_run(p.tracking, root, "pipeline",
                           tags={"bertflow.flow": "pipeline", **tracking.git_state(root)}) as parent:
             parent.log_params({"until": until or "all", "params_file": str(path)})
-            for group in stage_groups(plan(p, until)):
+            for group in stage_groups(names):
                 if len(group) == 1:
                     current = group[0]
                     results[current] = stage_task(current, str(path), parent.run_id, tracked,

@@ -117,11 +117,7 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
 def recorded_dep_hashes(root: Path, stage: str) -> dict[str, str]:
     """dep_hashes of a stage DVC found up to date, read from dvc.lock: its deps hash as
     recorded there, without hashing them again."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    recorded = yaml.load((root / "dvc.lock").read_text(), Loader=loader)["stages"][stage]
-    return {f"dvc.dep.{d['path']}": d["md5"] for d in recorded.get("deps", [])}
+    return {f"dvc.dep.{d['path']}": d["md5"] for d in _recorded(root)[stage].get("deps", [])}
 
 
 def changed_outs(root: Path, *stages: str) -> dict[str, str]:
@@ -144,12 +140,7 @@ def tracks(params_path: Path) -> bool:
 def lock_hashes(root: Path, *stages: str) -> dict[str, str]:
     """{path: md5} of the data deps and outs dvc.lock records for `stages` (code deps left out);
     empty without a dvc.lock."""
-    import yaml
-
-    lock = root / "dvc.lock"
-    if not lock.exists():
-        return {}
-    recorded = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    recorded = _recorded(root)
     entries = [d for stage in stages for key in ("deps", "outs")
                for d in recorded.get(stage, {}).get(key, [])]
     return {d["path"]: d["md5"] for d in entries if "md5" in d and not d["path"].endswith(".py")}
@@ -171,3 +162,15 @@ def push(root: Path) -> int:
     """`dvc push`: upload every cached output of dvc.lock to the default remote; files sent."""
     with _repo(root) as repo:
         return repo.push()
+
+
+def _recorded(root: Path) -> dict[str, dict]:
+    """dvc.lock's stages by name (empty without a dvc.lock), parsed by libyaml where PyYAML
+    has it: the flow reads it once per skipped stage."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return (yaml.load(lock.read_text(), Loader=loader) or {}).get("stages", {})
