@@ -244,7 +244,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
                            "columns": {"text": "review", "label": "verdict"}},
                "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
                "pos": {"kind": "token", "source": "data/user/tasks/pos.conll"}},  # plain tags
-        seeds=[1, 2], lr=0.003, epochs=4, batch_size=16, patience=8)
+        seeds=[1], lr=0.003, epochs=4, batch_size=16, patience=8)  # more seeds: test_finetune
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     run_cli("git", "add", "-A", cwd=repo)
     run_cli("git", "commit", "-qm", "user tasks", cwd=repo)
@@ -281,7 +281,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     assert served.status_code == 200
     assert served.json()["predictions"] == [{"tokens": answer["tokens"], "tags": answer["tags"]}]
     stats = json.loads((repo / "metrics" / "tasks" / "ner" / "evaluate_stats.json").read_text())
-    assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+    assert set(stats["fits"]) == {"pretrained-s1", "scratch-s1"}
     assert stats["primary"]["pretrained"]["mean"] > 0.8
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
