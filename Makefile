@@ -4,10 +4,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
-# Python writes each module's bytecode (.pyc) when it first imports it, unless told not to: with
-# PYTHONDONTWRITEBYTECODE set (CI machines and containers often set it) and pip's --no-compile
-# below, every process compiled torch, Lightning, MLflow and GX again from source, ~35 s more
-# per process that imports them all (2.5x), in every stage and test subprocess.
+# With pip's --no-compile (below) the venv's bytecode is written when first imported; with
+# PYTHONDONTWRITEBYTECODE set it never is (docs/development.md#stack-notes).
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-fast install lint bench docker-lint
