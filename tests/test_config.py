@@ -136,6 +136,19 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
         load_params(write_params(tmp_path, data))
 
 
+@pytest.mark.parametrize("setting, expected", [
+    ({"lr": -0.001}, "finetune.tasks.bbc-news.lr: must be 0 (finetune.lr) or positive"),
+    ({"chunk_overlap": 126}, "finetune.tasks.bbc-news.chunk_overlap: must be at least 0 and below "
+                             "the window (max_seq_len - 2 subwords)"),
+    ({"chunk_overlap": 62, "max_seq_len": 64}, "finetune.tasks.bbc-news.chunk_overlap: must be"),
+])
+def test_a_bad_task_rate_or_window_overlap_is_named(tmp_path, setting, expected):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["tasks"]["bbc-news"].update(setting)
+    with pytest.raises(ConfigError, match=re.escape(f"params.yaml:{expected}")):
+        load_params(write_params(tmp_path, data))
+
+
 @pytest.mark.parametrize("shape, expected", [
     ({"heads": 0}, "model.presets.mini: layers, hidden, heads and intermediate must each be at least 1"),
     ({"layers": 0}, "model.presets.mini: layers, hidden, heads and intermediate must each be at least 1"),
@@ -196,9 +209,13 @@ def test_the_minilm_preset_is_its_differences_from_params_yaml():
     preset, base = load_params(ROOT / "params-minilm.yaml"), load_params(ROOT / "params.yaml")
     assert preset.pretrain.init_from == "all-minilm-l6-v2"
     assert preset.finetune.init == ["pretrained", "checkpoint", "scratch"]
-    # Shared: the corpus, the tasks and everything not named; apart: what the encoder shapes.
-    assert (preset.paths.clean, preset.paths.tasks, preset.finetune.tasks, preset.pairs) == \
-        (base.paths.clean, base.paths.tasks, base.finetune.tasks, base.pairs)
+    # Shared: the corpus, the tasks' data and everything not named; apart: what the encoder
+    # shapes, and the task rates (params.yaml's are the mini encoder's).
+    def data_of(tasks):
+        return {name: dataclasses.replace(t, lr=0.0) for name, t in tasks.items()}
+    assert (preset.paths.clean, preset.paths.tasks, data_of(preset.finetune.tasks), preset.pairs) == \
+        (base.paths.clean, base.paths.tasks, data_of(base.finetune.tasks), base.pairs)
+    assert preset.finetune.tasks["conll2003-ner"].lr < base.finetune.tasks["conll2003-ner"].lr
     assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
     # Its control: the same continued pretraining in which only the fresh heads learn.
     heads = load_params(ROOT / "params-minilm-heads.yaml")

@@ -20,6 +20,7 @@ from components.model.inputs import (
     fit_length,
     label_space,
     token_labels,
+    windows,
 )
 
 
@@ -118,6 +119,20 @@ def test_long_texts_keep_the_head_or_the_head_and_tail():
     # 8 kept: 2 from the head (1/4), 6 from the tail.
     assert fit_length(ids, 10, "head_tail") == [2, 100, 101, *range(114, 120), 3]
     assert fit_length(ids[:5], 10, "head_tail") == ids[:5]
+
+
+def test_long_texts_in_windows_cover_every_subword_and_one_row_gets_one_prediction():
+    ids = [2, *range(100, 120), 3]  # [CLS] 20 tokens [SEP]
+    parts = windows(ids, 10, 2)  # 8 subwords a window, 6 new each: starts 0, 6, then 12 (the end)
+    assert parts == [[2, *range(100, 108), 3], [2, *range(106, 114), 3], [2, *range(112, 120), 3]]
+    assert windows(ids, 22, 2) == [ids] and windows(ids[:5], 10, 2) == [ids[:5]]
+    # The windows' logits are averaged per row: row 0's two windows disagree, the mean decides.
+    from components.model.decoding import labels_of
+    from components.model.inputs import Encoded
+    examples = [Encoded([2], [0], doc=0), Encoded([2], [0], doc=0), Encoded([2], [0], doc=1)]
+    logits = [torch.tensor([3.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.0, 2.0])]
+    (label0, p0), (label1, _) = labels_of(logits, examples, ["neg", "pos"])
+    assert (label0, label1) == ("neg", "pos") and p0 == pytest.approx(torch.sigmoid(torch.tensor(1.0)).item())
 
 
 def test_greedy_span_decoding_keeps_the_best_non_overlapping():
@@ -248,7 +263,10 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
 
     _user_files(tmp_path / "user")
     tasks = {
-        "reviews": TaskConfig("classification", "user/reviews.csv",
+        # Windows of 8 subwords: the verdict's word comes after the first window, only the
+        # later windows hold it.
+        "reviews": TaskConfig("classification", "user/reviews.csv", max_seq_len=8,
+                              long_text="chunks", chunk_overlap=2, lr=1e-3,
                               columns={"text": "review", "label": "verdict"}),
         "same-topic": TaskConfig("pair", "user/pairs.jsonl"),
         "ner": TaskConfig("token", "user/ner.conll"),
@@ -265,6 +283,9 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
                            label_subwords="first" if name == "pos" else cfg.label_subwords)
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
         assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
+        assert stats["lr"] == (task.lr or cfg.lr)
+        if name == "reviews":  # every review is longer than one window
+            assert stats["train_windows"] > stats["train_examples"]
         this_run = stats.pop("this_run")  # MLflow only, as run_stage does
         assert set(this_run) == {"workers", *(f"{fit}.minutes" for fit in stats["fits"])}
         write_json(tmp_path / "metrics" / name / "finetune_stats.json", stats)  # as run_stage does
@@ -284,8 +305,9 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
         model.load_state_dict(load_file(model_dir / "model" / "model.safetensors"))
         test = read_split(task_dir, "test")
-        examples = encode(test, task.kind, load(model_dir / "model"), info.labels, 128,
-                          max_span_words=task.max_span_words, scheme=info.scheme)
+        examples = encode(test, task.kind, load(model_dir / "model"), info.labels, info.max_seq_len,
+                          task.long_text, max_span_words=task.max_span_words, scheme=info.scheme,
+                          chunk_overlap=task.chunk_overlap)
         again = predict(model, task.kind, examples, info.space, 16, task.span_decoding, info.threshold)
         saved = pa.parquet.read_table(model_dir / "fits" / "pretrained-s1.parquet").to_pylist()
         if task.kind in ("classification", "pair"):

@@ -326,10 +326,16 @@ class TaskConfig:
     """Use at most this many training examples (a seeded sample; 0: all)."""
     max_seq_len: int = 0
     """Tokens per example; 0 takes finetune.max_seq_len."""
-    long_text: Literal["truncate", "head_tail"] = "truncate"
-    """Texts longer than max_seq_len: keep the head, or the head (1/4) and the tail (3/4)."""
+    long_text: Literal["truncate", "head_tail", "chunks"] = "truncate"
+    """Texts longer than max_seq_len: keep the head, the head (1/4) and the tail (3/4), or read
+    all of it in overlapping windows (each window trains with the text's label; a prediction
+    averages the windows' logits)."""
+    chunk_overlap: int = 32
+    """long_text chunks: subwords that consecutive windows share."""
     epochs: int = 0
     """Maximum epochs; 0 takes finetune.epochs."""
+    lr: float = 0.0
+    """Peak learning rate; 0 takes finetune.lr."""
     max_span_words: int = 8
     """Span tasks: the longest span (in words) that is enumerated."""
     span_decoding: Literal["nested", "greedy"] = "nested"
@@ -343,10 +349,11 @@ class FinetuneConfig:
 
     tasks: dict[str, TaskConfig] = field(default_factory=lambda: {
         "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
-        "trec-6": TaskConfig("classification", "trec-6"),
-        "bbc-news": TaskConfig("classification", "bbc-news", long_text="head_tail"),
-        "conll2003-ner": TaskConfig("token", "conll2003-ner", max_train_examples=3000),
-        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", epochs=1, span_decoding="greedy"),
+        "trec-6": TaskConfig("classification", "trec-6", epochs=3),
+        "bbc-news": TaskConfig("classification", "bbc-news", long_text="chunks", epochs=1, lr=1e-3),
+        "conll2003-ner": TaskConfig("token", "conll2003-ner", lr=1e-3),
+        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", epochs=1, lr=1e-3,
+                                         span_decoding="greedy"),
         "trec-same-type": TaskConfig("pair", "trec-same-type"),
         "news-order": TaskConfig("pair", "news-order", max_train_examples=3000),
     })
@@ -624,6 +631,9 @@ def check(p: Params, where: str) -> None:
             (t.max_span_words >= 1, f"{key}.max_span_words", "must be at least 1"),
             (t.epochs >= 0 and t.max_train_examples >= 0, f"{key}.epochs",
              "epochs and max_train_examples must not be negative"),
+            (t.lr >= 0, f"{key}.lr", "must be 0 (finetune.lr) or positive"),
+            (0 <= t.chunk_overlap < (t.max_seq_len or f.max_seq_len) - 2, f"{key}.chunk_overlap",
+             "must be at least 0 and below the window (max_seq_len - 2 subwords)"),
         ]
     for name, size in sizes.items():
         key = f"model.presets.{name}"

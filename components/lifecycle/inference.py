@@ -106,7 +106,8 @@ def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[
         columns = {c: [_text(r.get(c), c, i) for i, r in enumerate(rows)] for c in INPUTS[tm.kind]}
         # encode() reads gold labels too: any known label stands in, it is not used.
         table = pa.table({**columns, "label": [info.labels[0]] * len(rows)})
-        examples = encode(table, tm.kind, tm.tokenizer, info.labels, info.max_seq_len, task.long_text)
+        examples = encode(table, tm.kind, tm.tokenizer, info.labels, info.max_seq_len, task.long_text,
+                          chunk_overlap=task.chunk_overlap)
         found = predict(tm.model, tm.kind, examples, info.space, batch_size)
         return [{"label": label, "score": score} for label, score in found]
     words = [_words(row, i) for i, row in enumerate(rows)]

@@ -53,7 +53,8 @@ def pick_spans(candidates: list[ScoredSpan], decoding: str) -> list[ScoredSpan]:
 def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_size: int,
             span_decoding: str = "nested", threshold: float | None = None) -> list:
     """Predictions in example order: (label, score) for classification and pairs, word-level
-    tags for token tasks, [(first word, end word exclusive, label, score)] for spans.
+    tags for token tasks, [(first word, end word exclusive, label, score)] for spans. Windows of
+    one row (long_text chunks) give one prediction, from the mean of their logits.
 
     Span candidates are the spans whose argmax is not NULL or, with a threshold, whose best
     label's probability reaches it."""
@@ -64,9 +65,7 @@ def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_s
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in index], kind).items()}
         inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
         if kind in ("classification", "pair"):
-            probs = torch.softmax(model(**inputs), dim=-1)  # (B, C)
-            score, label = probs.max(-1)
-            rows = [(space[int(c)], float(s)) for c, s in zip(label, score, strict=True)]
+            rows = list(model(**inputs).float().cpu())  # B logit vectors (C,)
         elif kind == "token":
             n_words = [len(examples[i].word_first) for i in index]
             rows = word_tags(model(**inputs), batch["word_first"], n_words, space, model.crf)
@@ -83,7 +82,21 @@ def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_s
                                        span_decoding))
         for i, row in zip(index, rows, strict=True):
             out[i] = row
-    return out
+    return labels_of(out, examples, space) if kind in ("classification", "pair") else out
+
+
+def labels_of(logits: list[torch.Tensor], examples: list[Encoded],
+              space: list[str]) -> list[tuple[str, float]]:
+    """(label, probability) per row: the softmax of its example's logits, or of the mean of its
+    windows' logits (examples with the same `doc`, which are consecutive)."""
+    rows: dict[int, list[torch.Tensor]] = {}
+    for i, (e, row) in enumerate(zip(examples, logits, strict=True)):
+        rows.setdefault(e.doc if e.doc >= 0 else i, []).append(row)
+    if not rows:
+        return []
+    probs = torch.softmax(torch.stack([torch.stack(r).mean(0) for r in rows.values()]), dim=-1)  # (rows, C)
+    score, label = probs.max(-1)
+    return [(space[int(c)], float(s)) for c, s in zip(label, score, strict=True)]
 
 
 def predictions_table(kind: str, predictions: list) -> pa.Table:

@@ -33,6 +33,7 @@ class Encoded:
     word_last: list[int] = field(default_factory=list)  # span: last subword of each word
     spans: list[tuple[int, int]] = field(default_factory=list)  # span: enumerated (first, last word)
     span_labels: list[int] = field(default_factory=list)  # span: 0 = NULL, 1.. = label
+    doc: int = -1  # long_text chunks: the row this window belongs to (-1: the example is its row)
 
 
 def label_space(kind: str, labels: list[str], scheme: str = "bio") -> list[str]:
@@ -59,6 +60,16 @@ def fit_length(ids: list[int], max_len: int, long_text: str) -> list[int]:
     return [ids[0], *body, ids[-1]]
 
 
+def windows(ids: list[int], max_len: int, overlap: int) -> list[list[int]]:
+    """[CLS] body [SEP] as windows of at most max_len covering the whole body, consecutive ones
+    sharing `overlap` subwords; the last window ends with the body (a full window, not a scrap)."""
+    if len(ids) <= max_len:
+        return [ids]
+    body, keep = ids[1:-1], max_len - 2
+    starts = [*range(0, len(body) - keep, keep - overlap), len(body) - keep]
+    return [[ids[0], *body[s:s + keep], ids[-1]] for s in starts]
+
+
 def enumerate_spans(n_words: int, max_words: int) -> list[tuple[int, int]]:
     """Every (first, last) word span of at most max_words words: sum over w of (n - w + 1)."""
     return [(i, j) for i in range(n_words) for j in range(i, min(n_words, i + max_words))]
@@ -78,15 +89,21 @@ def align_words(word_ids: list[int | None], n_words: int) -> tuple[list[int], li
 
 def encode(table: pa.Table, kind: str, tokenizer, labels: list[str], max_len: int,
            long_text: str = "truncate", label_subwords: str = "all",
-           max_span_words: int = 8, scheme: str = "bio") -> list[Encoded]:
-    """Encode a split of task data (components.data.tasks columns) for the task's head."""
+           max_span_words: int = 8, scheme: str = "bio", chunk_overlap: int = 0) -> list[Encoded]:
+    """Encode a split of task data (components.data.tasks columns) for the task's head; with
+    long_text chunks a classification row becomes one example per window (`doc`: its row)."""
     space = {name: i for i, name in enumerate(label_space(kind, labels, scheme))}
     tok = tokenizer  # configured (truncation) per kind below
     if kind == "classification":
-        tok.no_truncation()  # cut by fit_length, which can keep the tail too
+        tok.no_truncation()  # cut by fit_length or windows, which keep more than the head
         encs = tok.encode_batch(table["text"].to_pylist())
+        gold = table["label"].to_pylist()
+        if long_text == "chunks":
+            return [Encoded(w, [0] * len(w), space[lab], doc=row)
+                    for row, (e, lab) in enumerate(zip(encs, gold, strict=True))
+                    for w in windows(e.ids, max_len, chunk_overlap)]
         return [Encoded(fit_length(e.ids, max_len, long_text), [0] * min(len(e.ids), max_len),
-                        space[lab]) for e, lab in zip(encs, table["label"].to_pylist(), strict=True)]
+                        space[lab]) for e, lab in zip(encs, gold, strict=True)]
     tok.enable_truncation(max_len, strategy="longest_first")
     if kind == "pair":
         pairs = list(zip(table["text_a"].to_pylist(), table["text_b"].to_pylist(), strict=True))

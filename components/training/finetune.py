@@ -78,13 +78,16 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
-                         cfg.label_subwords, task.max_span_words, meta.get("scheme", ""))
+                         cfg.label_subwords, task.max_span_words, meta.get("scheme", ""),
+                         task.chunk_overlap)
                for s, t in splits.items()}
     fits = [(init, seed) for init in cfg.init for seed in cfg.seeds]
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
+                   "lr": task.lr or cfg.lr, "epochs": task.epochs or cfg.epochs,
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
-                   "train_examples": len(encoded["train"]), "fits": {},
+                   "train_examples": splits["train"].num_rows, "fits": {},
+                   **({"train_windows": len(encoded["train"])} if task.long_text == "chunks" else {}),
                    "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                if k in encoder.stats}}
     with atomic_dir(out_dir) as tmp:
@@ -156,8 +159,8 @@ def fit_and_predict(shared: TaskFits, init: str, seed: int) -> dict:
     task, cfg, encoded = shared.task, shared.cfg, shared.encoded
     space = label_space(task.kind, shared.labels, shared.scheme)
     name = f"{init}-s{seed}"
-    spec = FitSpec(task.kind, space, init, seed, task.epochs or cfg.epochs, task.max_span_words,
-                   task.span_decoding, shared.scheme)
+    spec = FitSpec(task.kind, space, init, seed, task.epochs or cfg.epochs, task.lr or cfg.lr,
+                   task.max_span_words, task.span_decoding, shared.scheme)
     start = time.perf_counter()
     model, history, steps = fit(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
                                 encoded["valid"], shared.valid_gold, shared.out / "work" / name)

@@ -34,6 +34,7 @@ class FitSpec:
     init: str  # "pretrained", "scratch" or "checkpoint"
     seed: int
     epochs: int
+    lr: float  # peak learning rate: the task's, else finetune.lr
     max_span_words: int
     span_decoding: str
     scheme: str  # token tasks: bio or plain (the metric: entity F1 or word accuracy)
@@ -129,6 +130,6 @@ class FinetuneModule(L.LightningModule):
 
     def configure_optimizers(self):
         total = self.steps * self.spec.epochs
-        optimizer = adamw((p for p in self.model.parameters() if p.requires_grad), self.cfg.lr,
+        optimizer = adamw((p for p in self.model.parameters() if p.requires_grad), self.spec.lr,
                           self.cfg.weight_decay)
         return optimizer_config(optimizer, max(1, total // 10), total)
