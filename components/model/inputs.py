@@ -66,7 +66,8 @@ def windows(ids: list[int], max_len: int, overlap: int) -> list[list[int]]:
     if len(ids) <= max_len:
         return [ids]
     body, keep = ids[1:-1], max_len - 2
-    starts = [*range(0, len(body) - keep, keep - overlap), len(body) - keep]
+    stride = max(1, keep - overlap)  # params check overlap < keep; an encoder's max_position may cut keep
+    starts = [*range(0, len(body) - keep, stride), len(body) - keep]
     return [[ids[0], *body[s:s + keep], ids[-1]] for s in starts]
 
 
