@@ -243,6 +243,9 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     if tracked and versioning.recover_lock(root):
         logger.warning("dvc.lock: the last run was killed while recording a stage; restored the "
                        "dvc.lock from before it, so that stage runs again")
+    if tracked and versioning.recover_rwlock(root):
+        logger.warning("DVC's stage-lock table (.dvc/tmp/rwlock) was cut short by a killed run; "
+                       "removed it (DVC starts a new one)")
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)

@@ -98,6 +98,31 @@ def recover_lock(root: Path) -> bool:
     return True
 
 
+def recover_rwlock(root: Path) -> bool:
+    """Remove DVC's stage-lock table if a kill cut its rewrite short; True if it did.
+
+    DVC rewrites .dvc/tmp/rwlock in place on every status and commit, so a kill mid-write leaves
+    it unreadable and every later DVC call failing. It only names processes that hold a stage;
+    under the project lock the only writer was the killed run, so an unreadable table holds no
+    live entry. Checked under DVC's own guard, as DVC edits it.
+    """
+    import json
+
+    from dvc.lock import make_lock
+
+    tmp = root / ".dvc" / "tmp"
+    table = tmp / "rwlock"
+    if not table.exists():
+        return False
+    with make_lock(str(tmp / "rwlock.lock"), tmp_dir=str(tmp)):
+        try:
+            json.loads(table.read_text(encoding="utf-8"))
+            return False
+        except (ValueError, UnicodeDecodeError):
+            table.unlink()
+            return True
+
+
 def dep_hashes(root: Path, stage: str) -> dict[str, str]:
     """The hashes dvc.lock records for the stage's file and folder deps, as lineage tags."""
     tags = {}
