@@ -112,3 +112,27 @@ def test_span_boundary_objective_adds_its_loss():
 def test_hidden_must_divide_into_heads():
     with pytest.raises(ValueError, match="not divisible"):
         BertConfig(vocab_size=10, hidden=30, heads=4)
+
+
+def test_span_head_scores_each_span_from_its_start_end_pooled_subwords_and_width():
+    # The head projects per subword and picks per span; it must equal the classifier applied to
+    # each span's own [s_i; e_j; g_ij; width] vector, computed span by span.
+    torch.manual_seed(0)
+    head = build_model(CFG, head="span", num_labels=3, max_span_words=4).eval()
+    ids, types, _ = _batch(B=2, T=12)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    start = torch.tensor([[1, 2, 5, 0], [3, 3, 7, 9]])  # (B, S)
+    end = torch.tensor([[1, 4, 8, 0], [3, 6, 7, 11]])
+    width = torch.tensor([[0, 1, 3, 0], [0, 2, 0, 1]])
+    with torch.no_grad():
+        got = head(ids, types, mask, start, end, width)  # (B, S, C+1)
+        hidden = head.encoder(ids, types, mask)
+        for b in range(2):
+            for k in range(4):
+                i, j = start[b, k], end[b, k]
+                inside = hidden[b, i:j + 1]  # the span's subwords
+                g = torch.softmax(head.attend(inside).squeeze(-1), 0) @ inside
+                vec = torch.cat([head.start(hidden[b, i]), head.end(hidden[b, j]), g,
+                                 head.width(width[b, k])])
+                assert torch.allclose(got[b, k], head.classifier(vec), atol=1e-5), (b, k)
+    assert got.shape == (2, 4, 4)

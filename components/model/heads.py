@@ -118,13 +118,20 @@ class SpanClassifier(nn.Module):
         # span_start/span_end: (B, S) subword positions of the span's first/last subword
         # (inclusive); span_width: (B, S) words - 1. Padding spans point at position 0.
         hidden = self.encoder(input_ids, token_type_ids, attention_mask)  # (B, T, H)
-        T = hidden.shape[1]
-        rows = torch.arange(hidden.shape[0])[:, None]
-        s = self.start(hidden[rows, span_start])  # (B, S, H)
-        e = self.end(hidden[rows, span_end])  # (B, S, H)
+        H, T = hidden.shape[-1], hidden.shape[1]
+        # The classifier's first layer is linear in [s; e; g; width], so each part is projected
+        # where it is cheapest: start and end per subword, then picked per span (S is ~5T, the
+        # head cost as much as the encoder computed per span); the pooling commutes with the
+        # projection; width per width. Same parameters, same function (dropout masks aside).
+        first = self.classifier[0]
+        w_s, w_e, w_g, w_w = first.weight.split([H, H, H, self.width.embedding_dim], dim=1)  # (H, .)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None]
+        s = (self.start(hidden) @ w_s.T)[rows, span_start]  # (B, S, H)
+        e = (self.end(hidden) @ w_e.T)[rows, span_end]  # (B, S, H)
         pos = torch.arange(T, device=hidden.device)
         inside = (pos >= span_start[..., None]) & (pos <= span_end[..., None])  # (B, S, T)
         scores = self.attend(hidden).squeeze(-1)[:, None, :]  # (B, 1, T)
         weights = torch.softmax(scores.masked_fill(~inside, float("-inf")), dim=-1)  # (B, S, T)
-        g = weights @ hidden  # (B, S, H)
-        return self.classifier(torch.cat([s, e, g, self.width(span_width)], dim=-1))  # (B, S, C+1)
+        g = weights @ (hidden @ w_g.T)  # (B, S, H)
+        width = (self.width.weight @ w_w.T)[span_width]  # (B, S, H)
+        return self.classifier[1:](s + e + g + width + first.bias)  # (B, S, C+1)
