@@ -55,17 +55,16 @@ def trained_tokens(project: Path, name: str, p) -> tuple[float, int]:
 
     task, cfg = p.finetune.tasks[name], p.finetune
     task_dir, encoder_dir = project / p.paths.tasks / name, project / p.paths.models / "encoder"
+    stats = json.loads((project / p.paths.metrics / "tasks" / name / "finetune_stats.json").read_text())
     bert = read_encoder_info(encoder_dir).config
     meta = read_meta(task_dir)
-    max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     tokenizer = load_tokenizer(encoder_dir, bert)
-    train = encode(read_split(task_dir, "train"), task.kind, tokenizer, meta["labels"], max_len,
+    train = encode(read_split(task_dir, "train"), task.kind, tokenizer, meta["labels"], stats["max_seq_len"],
                    task.long_text, cfg.label_subwords, task.max_span_words, meta.get("scheme", ""),
                    task.chunk_overlap)
     per_epoch = sum(len(e.ids) for e in train)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    stats = project / p.paths.metrics / "tasks" / name / "finetune_stats.json"
-    fits = json.loads(stats.read_text())["fits"]
+    fits = stats["fits"]
     return sum(per_epoch * f["steps"] / steps_per_epoch for f in fits.values()), len(fits)
 
 

@@ -72,8 +72,9 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
                                meta.get("scheme", ""))
     minutes = (time.perf_counter() - start) / 60
     shutil.rmtree(out)
-    return {"lr": task.lr or cfg.lr, "epochs": task.epochs or cfg.epochs, "val": fit["best_val_metric"],
-            "test": scores[primary_metric(task.kind, meta.get("scheme", ""))], "minutes": minutes}
+    return {"lr": stats["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
+            "val": fit["best_val_metric"], "test": scores[primary_metric(task.kind, meta.get("scheme", ""))],
+            "minutes": minutes}
 
 
 def trainer_fit(kind: str, task_dir: Path, src: Path, lr: float, epochs: int, seed: int,
@@ -170,7 +171,7 @@ def main() -> None:
         for name in args.tasks:
             task, task_dir = p.finetune.tasks[name], project / p.paths.tasks / name
             ours = [bertflow_fit(name, p, task_dir, encoder, s, work) for s in args.seeds]
-            epochs, max_len = task.epochs or p.finetune.epochs, task.max_seq_len or p.finetune.max_seq_len
+            epochs, max_len = ours[0]["epochs"], ours[0]["max_len"]  # the Trainer's the same
             grid = {lr: [trainer_fit(task.kind, task_dir, src, lr, epochs, s, max_len, work)
                          for s in args.seeds] for lr in args.lrs}
             best = max(grid, key=lambda lr: np.mean([f["val"] for f in grid[lr]]))

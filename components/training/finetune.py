@@ -57,6 +57,8 @@ class TaskFits:
     encoded: dict[str, list[Encoded]]
     valid_gold: pa.Table
     max_len: int  # tokens per example, as resolved for this task
+    epochs: int  # the task's, else finetune's
+    lr: float  # the task's, else finetune's
 
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
@@ -76,6 +78,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     if "checkpoint" in cfg.init:
         _check_same_shape(checkpoint_dir, bert, encoder_dir)
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
+    epochs, lr = task.epochs or cfg.epochs, task.lr or cfg.lr
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
                          cfg.label_subwords, task.max_span_words, meta.get("scheme", ""),
@@ -84,7 +87,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     fits = [(init, seed) for init in cfg.init for seed in cfg.seeds]
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
-                   "lr": task.lr or cfg.lr, "epochs": task.epochs or cfg.epochs,
+                   "lr": lr, "epochs": epochs,
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
                    **({"train_windows": len(encoded["train"])} if task.long_text == "chunks" else {}),
@@ -93,7 +96,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
         shared = TaskFits(name, task, cfg, bert, meta["labels"], meta.get("scheme", ""), Path(encoder_dir),
-                          weights, tmp, encoded, splits["valid"], max_len)
+                          weights, tmp, encoded, splits["valid"], max_len, epochs, lr)
         workers = worker_count(cfg.workers, len(fits))
         if workers == 1:
             summaries = [fit_and_predict(shared, init, seed)
@@ -159,8 +162,8 @@ def fit_and_predict(shared: TaskFits, init: str, seed: int) -> dict:
     task, cfg, encoded = shared.task, shared.cfg, shared.encoded
     space = label_space(task.kind, shared.labels, shared.scheme)
     name = f"{init}-s{seed}"
-    spec = FitSpec(task.kind, space, init, seed, task.epochs or cfg.epochs, task.lr or cfg.lr,
-                   task.max_span_words, task.span_decoding, shared.scheme)
+    spec = FitSpec(task.kind, space, init, seed, shared.epochs, shared.lr, task.max_span_words,
+                   task.span_decoding, shared.scheme)
     start = time.perf_counter()
     model, history, steps = fit(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
                                 encoded["valid"], shared.valid_gold, shared.out / "work" / name)
