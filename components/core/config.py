@@ -351,7 +351,7 @@ class FinetuneConfig:
         "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
         "trec-6": TaskConfig("classification", "trec-6", epochs=3),
         "bbc-news": TaskConfig("classification", "bbc-news", long_text="chunks", epochs=1, lr=1e-3),
-        "conll2003-ner": TaskConfig("token", "conll2003-ner", lr=1e-3),
+        "conll2003-ner": TaskConfig("token", "conll2003-ner", epochs=3, lr=1e-3),
         "conll2003-ner-span": TaskConfig("span", "conll2003-ner", span_decoding="greedy"),
         "trec-same-type": TaskConfig("pair", "trec-same-type"),
         "news-order": TaskConfig("pair", "news-order", max_train_examples=3000),
