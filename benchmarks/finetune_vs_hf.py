@@ -72,6 +72,7 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
                                meta.get("scheme", ""))
     minutes = (time.perf_counter() - start) / 60
     shutil.rmtree(out)
+    print("bertflow", name, f"{minutes:.1f} min", json.dumps(stats["fits"]), flush=True)
     return {"lr": stats["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
             "val": fit["best_val_metric"], "test": scores[primary_metric(task.kind, meta.get("scheme", ""))],
             "minutes": minutes}
@@ -138,7 +139,9 @@ def trainer_fit(kind: str, task_dir: Path, src: Path, lr: float, epochs: int, se
     score = metric("test", test.predictions, test.label_ids)
     minutes = (time.perf_counter() - start) / 60
     shutil.rmtree(work / "trainer")
-    return {"lr": lr, "epochs": epochs, "val": val, "test": score, "minutes": minutes}
+    fit = {"lr": lr, "epochs": epochs, "val": val, "test": score, "minutes": minutes}
+    print("trainer", task_dir.name, json.dumps(fit), flush=True)  # a long grid's progress
+    return fit
 
 
 def _token_example(tokenizer, words: list[str], tags: list[int], max_len: int) -> dict:
