@@ -72,10 +72,11 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
                                meta.get("scheme", ""))
     minutes = (time.perf_counter() - start) / 60
     shutil.rmtree(out)
-    print("bertflow", name, f"{minutes:.1f} min", json.dumps(stats["fits"]), flush=True)
-    return {"lr": stats["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
-            "val": fit["best_val_metric"], "test": scores[primary_metric(task.kind, meta.get("scheme", ""))],
-            "minutes": minutes}
+    metric = primary_metric(task.kind, meta.get("scheme", ""))
+    result = {"lr": stats["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
+              "val": fit["best_val_metric"], "test": scores[metric], "minutes": minutes}
+    print("bertflow", name, json.dumps(result), flush=True)  # a long run's progress
+    return result
 
 
 def trainer_fit(kind: str, task_dir: Path, src: Path, lr: float, epochs: int, seed: int,
