@@ -12,7 +12,7 @@ Both are scored by the same functions on the test split (seqeval entity F1; accu
 once per fit. Wall minutes include data preparation, validation and the test prediction.
 
 Usage:  python benchmarks/finetune_vs_hf.py [--project .] [--tasks conll2003-ner movie-sentiment]
-        [--lrs 2e-5 5e-5 1e-4] [--seeds 1]
+        [--lrs 5e-5 1e-4 2e-4] [--seeds 1]
 Writes the "Fine-tuning against transformers' Trainer" section of benchmarks/RESULTS.md.
 """
 
@@ -160,7 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, default=ROOT)
     parser.add_argument("--tasks", nargs="+", default=["conll2003-ner", "movie-sentiment"])
-    parser.add_argument("--lrs", nargs="+", type=float, default=[2e-5, 5e-5, 1e-4])
+    parser.add_argument("--lrs", nargs="+", type=float, default=[5e-5, 1e-4, 2e-4])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
     args = parser.parse_args()
     import torch
