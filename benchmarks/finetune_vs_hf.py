@@ -168,7 +168,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     project = args.project.resolve()
     p = load_params(ROOT / "params-minilm.yaml")  # the preset's task settings; data from --project
-    rows, raw = [], {}
+    rows = []
     with tempfile.TemporaryDirectory(prefix="finetune-vs-hf-") as tmp:
         work = Path(tmp)
         src, encoder = minilm_encoder(project, project / p.paths.packages, work)
@@ -179,8 +179,6 @@ def main() -> None:
             grid = {lr: [trainer_fit(task.kind, task_dir, src, lr, epochs, s, max_len, work)
                          for s in args.seeds] for lr in args.lrs}
             best = max(grid, key=lambda lr: np.mean([f["val"] for f in grid[lr]]))
-            raw[name] = {"bertflow": ours, "trainer": {str(lr): fits for lr, fits in grid.items()}}
-            print(json.dumps(raw[name]), flush=True)
             theirs = grid[best]
             ratio = np.mean([f["minutes"] for f in ours]) / np.mean([f["minutes"] for f in theirs])
             rows.append(f"| {name} | {_cell(ours)} | {_cell(theirs)} | {ours[0]['lr']:g} / {best:g} "
