@@ -66,15 +66,15 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
     start = time.perf_counter()
     stats = finetune_task(name, task, cfg, task_dir, encoder, out)
     meta = read_meta(task_dir)
+    scheme = meta.get("scheme", "")
     (fit,) = stats["fits"].values()
     predictions = pq.read_table(out / "fits" / f"pretrained-s{seed}.parquet")
-    scores = score_predictions(task.kind, meta["labels"], read_split(task_dir, "test"), predictions,
-                               meta.get("scheme", ""))
+    scores = score_predictions(task.kind, meta["labels"], read_split(task_dir, "test"), predictions, scheme)
     minutes = (time.perf_counter() - start) / 60
     shutil.rmtree(out)
-    metric = primary_metric(task.kind, meta.get("scheme", ""))
     result = {"lr": stats["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
-              "val": fit["best_val_metric"], "test": scores[metric], "minutes": minutes}
+              "val": fit["best_val_metric"], "test": scores[primary_metric(task.kind, scheme)],
+              "minutes": minutes}
     print("bertflow", name, json.dumps(result), flush=True)  # a long run's progress
     return result
 
