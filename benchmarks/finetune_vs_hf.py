@@ -72,7 +72,7 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
     scores = score_predictions(task.kind, meta["labels"], read_split(task_dir, "test"), predictions, scheme)
     minutes = (time.perf_counter() - start) / 60
     shutil.rmtree(out)
-    result = {"lr": stats["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
+    result = {"lr": fit["lr"], "epochs": stats["epochs"], "max_len": stats["max_seq_len"],
               "val": fit["best_val_metric"], "test": scores[primary_metric(task.kind, scheme)],
               "minutes": minutes}
     print("bertflow", name, json.dumps(result), flush=True)  # a long run's progress

@@ -117,7 +117,22 @@ def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
                           root / p.paths.models / "encoder", out, root / p.paths.checkpoint)
     if run is not None:
         run.log_artifact(out / "model", "model")
+        _log_search(p, root, run, task, stats)
     return stats
+
+
+def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -> None:
+    """Each trial of the learning-rate search as a child run of the stage's MLflow run (a
+    retry of the stage reopens the same children)."""
+    from components.core.tracking import mlflow_run
+
+    for init, search in stats.get("search", {}).items():
+        for lr, trial in search["trials"].items():
+            with mlflow_run(p.tracking, root, f"finetune@{task} {init} lr={lr}", parent_run_id=run.run_id,
+                            key=f"{run.run_id}/{init}/{lr}") as child:
+                child.log_params({"init": init, "seed": p.finetune.seeds[0], "lr": lr})
+                child.log_metrics({**trial, "minutes": stats["this_run"][f"search.{init}.{lr}.minutes"]})
+                child.set_tags({"bertflow.lr_chosen": lr == f"{search['lr']:g}"})
 
 
 def _evaluate(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
@@ -136,7 +151,7 @@ def _transfer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
 
 
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
-    "seeds", "init", "max_seq_len", "batch_size", "lr", "weight_decay", "epochs",
+    "seeds", "init", "max_seq_len", "batch_size", "lr", "lr_grid", "weight_decay", "epochs",
     "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold",
     "workers", "deterministic"))
 

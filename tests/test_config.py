@@ -114,6 +114,7 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("pretrain.warmup_steps", 10**9, "pretrain.warmup_steps: must be between 0 and pretrain.max_steps"),
     ("pretrain.head_warmup_steps", 10, "pretrain.head_warmup_steps: needs pretrain.init_from"),
     ("finetune.init", ["scratch"], "finetune.init: must include pretrained"),
+    ("finetune.lr_grid", [0.001, 0.001], "finetune.lr_grid: must hold distinct positive learning rates"),
     ("finetune.init", ["pretrained", "checkpoint"], "finetune.init: has checkpoint, which needs "
                                                     "pretrain.init_from"),
     ("pretrain.beta1", 1.5, "pretrain.beta1: must be in [0, 1)"),
@@ -138,6 +139,9 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
 
 @pytest.mark.parametrize("setting, expected", [
     ({"lr": -0.001}, "finetune.tasks.bbc-news.lr: must be 0 (finetune.lr) or positive"),
+    ({"lr": 0, "lr_grid": [0.001, 0.0]},
+     "finetune.tasks.bbc-news.lr_grid: must hold distinct positive learning rates"),
+    ({"lr_grid": [0.001, 0.002]}, "finetune.tasks.bbc-news.lr_grid: set lr or lr_grid, not both"),
     ({"chunk_overlap": 126}, "finetune.tasks.bbc-news.chunk_overlap: must be at least 0 and below "
                              "the window (max_seq_len - 2 subwords)"),
     ({"chunk_overlap": 62, "max_seq_len": 64}, "finetune.tasks.bbc-news.chunk_overlap: must be"),
@@ -147,6 +151,14 @@ def test_a_bad_task_rate_or_window_overlap_is_named(tmp_path, setting, expected)
     data["finetune"]["tasks"]["bbc-news"].update(setting)
     with pytest.raises(ConfigError, match=re.escape(f"params.yaml:{expected}")):
         load_params(write_params(tmp_path, data))
+
+
+def test_a_rate_written_without_a_dot_is_a_number(tmp_path):
+    # YAML 1.1 (PyYAML) reads `1e-4` as a string; a rate is written that way more often than not.
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["lr"], data["finetune"]["lr_grid"] = "1e-4", ["2E-4", "5.0e-4"]
+    p = load_params(write_params(tmp_path, data))
+    assert (p.finetune.lr, p.finetune.lr_grid) == (1e-4, [2e-4, 5e-4])
 
 
 @pytest.mark.parametrize("shape, expected", [

@@ -20,6 +20,7 @@ from components.evaluation.metrics import (
 )
 from components.evaluation.plots import write_confusion, write_curves, write_per_class
 from components.evaluation.tables import (
+    arm_lr,
     arm_steps,
     compare_transfer,
     cost_cells,
@@ -211,7 +212,8 @@ def test_transfer_table_verdicts():
     rows = [
         # clear gain: 81.0 vs 71.0 -> +10.0 points, spread max(1.0, 1.0) = 1.0 -> helps
         {"task": "sst", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.80, 0.81, 0.82]),
-         "scratch": summarize([0.70, 0.71, 0.72]), "baseline": 0.765},
+         "scratch": summarize([0.70, 0.71, 0.72]), "baseline": 0.765,
+         "lr": {"pretrained": 5e-4, "scratch": 1e-3}},
         # 81.0 ± 4.0 vs 80.0 ± 1.0 -> +1.0 points < 4.0 -> within seed spread
         {"task": "ner", "kind": "token", "metric": "entity_f1", "pretrained": summarize([0.77, 0.81, 0.85]),
          "scratch": summarize([0.79, 0.80, 0.81]), "baseline": None},
@@ -224,15 +226,16 @@ def test_transfer_table_verdicts():
     ]
     table = transfer_table(rows)
     lines = table.strip().splitlines()
-    assert lines[0] == ("| task | kind | metric | pretrained | from scratch | gain | baseline | verdict |")
-    assert lines[1].count("---") == 8
+    assert lines[0] == ("| task | kind | metric | pretrained | from scratch | gain | lr | baseline | "
+                        "verdict |")
+    assert lines[1].count("---") == 9
     body = _table_rows(table)
-    assert body[0] == ["sst", "cls", "accuracy", "81.0 ± 1.0", "71.0 ± 1.0", "+10.0", "76.5",
-                       "pretraining helps"]
-    assert body[1] == ["ner", "token", "entity_f1", "81.0 ± 4.0", "80.0 ± 1.0", "+1.0", "—",
+    assert body[0] == ["sst", "cls", "accuracy", "81.0 ± 1.0", "71.0 ± 1.0", "+10.0", "0.0005 / 0.001",
+                       "76.5", "pretraining helps"]
+    assert body[1] == ["ner", "token", "entity_f1", "81.0 ± 4.0", "80.0 ± 1.0", "+1.0", "—", "—",
                        "within seed spread"]
-    assert body[2][5:] == ["-10.0", "50.0", "pretraining hurts"]
-    assert body[3] == ["squad", "span", "f1", "50.0 ± 0.0", "—", "—", "—", "—"]
+    assert body[2][5:] == ["-10.0", "—", "50.0", "pretraining hurts"]
+    assert body[3] == ["squad", "span", "f1", "50.0 ± 0.0", "—", "—", "—", "—", "—"]
 
 
 def test_transfer_table_single_seed_is_flagged():
@@ -246,7 +249,7 @@ def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added
            "checkpoint": summarize([0.86, 0.88]), "scratch": summarize([0.70, 0.72]), "baseline": None}
     lines = transfer_table([row]).splitlines()
     assert lines[0] == ("| task | kind | metric | pretrained | checkpoint as is | from scratch | gain | "
-                        "vs checkpoint | baseline | verdict |")
+                        "vs checkpoint | lr | baseline | verdict |")
     assert _table_rows("\n".join(lines))[0][3:8] == ["91.0 ± 1.4", "87.0 ± 1.4", "71.0 ± 1.4",
                                                       "+20.0", "+4.0"]
     assert _table_rows("\n".join(lines))[0][-1] == "pretraining helps; continued pretraining helps"
@@ -264,12 +267,13 @@ def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
 
 def test_what_each_start_cost_is_steps_per_fit_by_init(tmp_path):
     stats = tmp_path / "finetune_stats.json"
-    fits = {"pretrained-s1": {"steps": 400}, "pretrained-s2": {"steps": 500},
-            "scratch-s1": {"steps": 1250}}
+    fits = {"pretrained-s1": {"steps": 400, "lr": 5e-4}, "pretrained-s2": {"steps": 500, "lr": 5e-4},
+            "scratch-s1": {"steps": 1250, "lr": 1e-3}}
     stats.write_text(json.dumps({"fits": fits}))
     steps = arm_steps(stats)
     assert steps["pretrained"]["mean"] == 450 and steps["scratch"]["values"] == [1250]
-    assert arm_steps(tmp_path / "missing.json") == {}
+    assert arm_lr(stats) == {"pretrained": 5e-4, "scratch": 1e-3}
+    assert arm_steps(tmp_path / "missing.json") == {} == arm_lr(tmp_path / "missing.json")
     rows = [{"task": "a", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": steps},
             {"task": "b", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": {}}]
     header, cells = cost_cells(rows)

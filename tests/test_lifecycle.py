@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 TASKS = {
     "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
                 "columns": {"text": "review", "label": "verdict"}},
-    "same-topic": {"kind": "pair", "source": "data/user/tasks/pairs.jsonl"},
+    # A learning-rate search: a rate too small to learn this in 8 epochs, and the project's.
+    "same-topic": {"kind": "pair", "source": "data/user/tasks/pairs.jsonl", "lr_grid": [1e-6, 0.003]},
     "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
     "ner-span": {"kind": "span", "source": "data/user/tasks/ner.conll", "max_span_words": 3,
                  "span_decoding": "greedy", "epochs": 16},
@@ -118,6 +119,30 @@ def test_a_run_registers_a_champion_per_task_that_answers_raw_text(project):
     assert _lock(project, "pretrain", "data/pairs") in chain
     assert _lock(project, "finetune@ner", "data/tasks/ner") in chain
     assert "<- encoder version" in chain
+
+
+def test_the_learning_rate_is_chosen_on_validation_and_every_trial_is_a_child_run(project):
+    stats = json.loads((project / "metrics" / "tasks" / "same-topic" / "finetune_stats.json").read_text())
+    search = stats["search"]["pretrained"]
+    assert search["lr"] == 0.003 and set(search["trials"]) == {"1e-06", "0.003"}
+    assert search["trials"]["0.003"]["best_val_metric"] > search["trials"]["1e-06"]["best_val_metric"]
+    # The winning trial is the first seed's fit: no second training, the same validation record.
+    (fit,) = stats["fits"].values()
+    assert fit == {"lr": 0.003, **search["trials"]["0.003"]}
+    assert sorted(p.name for p in (project / "data/models/tasks/same-topic/fits").iterdir()) == \
+        ["pretrained-s1.json", "pretrained-s1.parquet"]  # no test predictions of a losing trial
+
+    client = _client(project)
+    (stage,) = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id],
+                                  "attributes.run_name = 'finetune@same-topic'")
+    trials = client.search_runs([stage.info.experiment_id],
+                                f"tags.`mlflow.parentRunId` = '{stage.info.run_id}'")
+    assert {(t.data.params["lr"], t.data.tags["bertflow.lr_chosen"]) for t in trials} == \
+        {("1e-06", "False"), ("0.003", "True")}
+    assert all(t.data.metrics["best_val_metric"] >= 0 and t.data.metrics["minutes"] > 0 for t in trials)
+    table = (project / "metrics" / "transfer.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| same-topic |"))
+    assert row.count("| 0.003 |") == 1
 
 
 def test_nothing_changed_registers_nothing_and_a_worse_model_stays_candidate(project):

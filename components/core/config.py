@@ -335,7 +335,9 @@ class TaskConfig:
     epochs: int = 0
     """Maximum epochs; 0 takes finetune.epochs."""
     lr: float = 0.0
-    """Peak learning rate; 0 takes finetune.lr."""
+    """Peak learning rate; 0 takes finetune.lr (or finetune.lr_grid)."""
+    lr_grid: list[float] = field(default_factory=list)
+    """Learning rates to choose from on validation (see finetune.lr_grid); empty: lr, else finetune's."""
     max_span_words: int = 8
     """Span tasks: the longest span (in words) that is enumerated."""
     span_decoding: Literal["nested", "greedy"] = "nested"
@@ -370,6 +372,9 @@ class FinetuneConfig:
     """Examples per step."""
     lr: float = 5e-4
     """Peak learning rate (AdamW; linear warmup over 10% of the steps, then linear decay)."""
+    lr_grid: list[float] = field(default_factory=list)
+    """Rates each init tries on its first seed; the best validation metric's trains every seed
+    (the winning trial is the first seed's fit). Empty: lr, no search."""
     weight_decay: float = 0.01
     """Weight decay, not applied to biases and LayerNorm."""
     epochs: int = 2
@@ -610,6 +615,7 @@ def check(p: Params, where: str) -> None:
          "has checkpoint, which needs pretrain.init_from"),
         (f.batch_size >= 1, "finetune.batch_size", "must be at least 1"),
         (f.lr > 0, "finetune.lr", "must be positive"),
+        (_rates(f.lr_grid), "finetune.lr_grid", "must hold distinct positive learning rates"),
         (f.weight_decay >= 0, "finetune.weight_decay", "must not be negative"),
         (f.workers >= 0, "finetune.workers", "must be 0 (one per core) or more"),
         (f.epochs >= 1, "finetune.epochs", "must be at least 1"),
@@ -631,6 +637,8 @@ def check(p: Params, where: str) -> None:
             (t.epochs >= 0 and t.max_train_examples >= 0, f"{key}.epochs",
              "epochs and max_train_examples must not be negative"),
             (t.lr >= 0, f"{key}.lr", "must be 0 (finetune.lr) or positive"),
+            (_rates(t.lr_grid), f"{key}.lr_grid", "must hold distinct positive learning rates"),
+            (not (t.lr and t.lr_grid), f"{key}.lr_grid", "set lr or lr_grid, not both"),
             (0 <= t.chunk_overlap < (t.max_seq_len or f.max_seq_len) - 2, f"{key}.chunk_overlap",
              "must be at least 0 and below the window (max_seq_len - 2 subwords)"),
         ]
@@ -646,6 +654,13 @@ def check(p: Params, where: str) -> None:
     for ok, key, message in rules:
         if not ok:
             raise ConfigError(f"{_join(where, key)}: {message}")
+
+
+_EXPONENT = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
+
+
+def _rates(grid: list[float]) -> bool:
+    return all(lr > 0 for lr in grid) and len(set(grid)) == len(grid)
 
 
 def _is_codec(name: str) -> bool:
@@ -733,6 +748,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
         return {str(k): _convert(args[1], v, _join(where, str(k))) for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
         return float(value)

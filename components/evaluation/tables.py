@@ -83,35 +83,48 @@ def _arms(rows: list[dict]) -> list[str]:
 
 def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and cells per task: each init's score (`ARMS` order; pretrained always), the gain
-    of pretraining over scratch, what continued pretraining added to the checkpoint, the
-    task's baseline (TF-IDF + LR, most frequent tag), and a verdict."""
+    of pretraining over scratch, what continued pretraining added to the checkpoint, each
+    init's learning rate (same order), the task's baseline (TF-IDF + LR, most frequent tag),
+    and a verdict."""
     arms = _arms(rows)
     gains = [(title, other) for title, other in (("gain", "scratch"), ("vs checkpoint", "checkpoint"))
              if other in arms]
     header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
-              "baseline", "verdict"]
+              "lr", "baseline", "verdict"]
     cells = []
     for row in rows:
-        pretrained, baseline = row["pretrained"], row.get("baseline")
+        pretrained, baseline, lrs = row["pretrained"], row.get("baseline"), row.get("lr", {})
         cells.append([row["task"], row["kind"], row["metric"],
                       *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
                       *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other)
                         else NO_VALUE for _, other in gains),
+                      " / ".join(f"{lrs[a]:g}" for a in arms if a in lrs) or NO_VALUE,
                       NO_VALUE if baseline is None else f"{100 * baseline:.1f}",
                       verdicts(row)])
     return header, cells
 
 
-def arm_steps(finetune_stats: Path) -> dict[str, dict]:
-    """Optimizer steps of one fit, per init over its seeds, from a task's finetune_stats.json
-    (fits named INIT-sSEED); empty if the file is not there. Steps, not wall minutes: the table
-    must read the same on every machine that trains the same models."""
+def _fits_by_init(finetune_stats: Path) -> dict[str, list[dict]]:
+    """Each init's fits (named INIT-sSEED) in a task's finetune_stats.json; empty if the file
+    is not there."""
     if not Path(finetune_stats).exists():
         return {}
-    by_init: dict[str, list[float]] = {}
+    by_init: dict[str, list[dict]] = {}
     for fit, stats in json.loads(Path(finetune_stats).read_text())["fits"].items():
-        by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(stats["steps"])
-    return {init: summarize(steps) for init, steps in sorted(by_init.items())}
+        by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(stats)
+    return dict(sorted(by_init.items()))
+
+
+def arm_steps(finetune_stats: Path) -> dict[str, dict]:
+    """Optimizer steps of one fit, per init over its seeds. Steps, not wall minutes: the table
+    must read the same on every machine that trains the same models."""
+    return {init: summarize([f["steps"] for f in fits])
+            for init, fits in _fits_by_init(finetune_stats).items()}
+
+
+def arm_lr(finetune_stats: Path) -> dict[str, float]:
+    """The peak learning rate each init's fits trained with (set, or chosen by the search)."""
+    return {init: fits[0]["lr"] for init, fits in _fits_by_init(finetune_stats).items() if "lr" in fits[0]}
 
 
 def cost_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from components.core.io import atomic_file
 from components.evaluation.baseline import MOST_FREQUENT_TAG, TFIDF
-from components.evaluation.tables import arm_steps, cost_cells, markdown, transfer_table, verdicts
+from components.evaluation.tables import arm_lr, arm_steps, cost_cells, markdown, transfer_table, verdicts
 
 
 def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
@@ -49,7 +49,8 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
                      "baseline": baseline[s["metric"]] if baseline else None,
                      "baseline_name": baseline["name"] if baseline else None,
                      "scratch": None, **s["primary"],
-                     "steps": arm_steps(Path(tasks_dir) / name / "finetune_stats.json")})
+                     "steps": arm_steps(Path(tasks_dir) / name / "finetune_stats.json"),
+                     "lr": arm_lr(Path(tasks_dir) / name / "finetune_stats.json")})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
     encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
                else "pretrained here from random weights")

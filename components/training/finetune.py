@@ -5,8 +5,11 @@ Examples are encoded once (the tokenizer of the encoder), batched by length so t
 sentences are not padded to the longest of the split, and kept in memory (tasks are small).
 Validation runs a few times per epoch; early stopping and the best weights follow the task's
 primary metric (accuracy; entity F1 for BIO token and span tasks; word accuracy for plain
-tags). Each fit writes its test predictions to `fits/`; `evaluate@task` scores them. The first
-init's first seed is exported as the task's model (model.metadata.TaskModelInfo).
+tags). With several learning rates (`lr_grid`) each init first trains its first seed at every
+rate; the rate with the best validation metric trains the other seeds, and the winning trial
+is that init's first fit (no test prediction is made for a losing trial). Each fit writes its
+test predictions to `fits/`; `evaluate@task` scores them. The first init's first seed is
+exported as the task's model (model.metadata.TaskModelInfo).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
 from components.core.progress import bar
 from components.data.tasks.folder import read_meta, read_split
+from components.model.build import task_model
 from components.model.config import BertConfig, shape_of
 from components.model.decoding import predict, predictions_table
 from components.model.folders import load_tokenizer, read_weights, write_task_model
@@ -58,7 +62,29 @@ class TaskFits:
     valid_gold: pa.Table
     max_len: int  # tokens per example, as resolved for this task
     epochs: int  # the task's, else finetune's
-    lr: float  # the task's, else finetune's
+
+
+@dataclass(frozen=True)
+class Job:
+    """One fit for a worker: an init, a seed and a peak learning rate. A search `trial` stops
+    after training and keeps its best weights; a job with `trained` (a trial's summary) only
+    restores those weights and predicts."""
+
+    init: str
+    seed: int
+    lr: float
+    trial: bool = False
+    trained: dict | None = None
+
+
+def learning_rates(task: TaskConfig, cfg: FinetuneConfig) -> list[float]:
+    """The rates a task's fits choose from, the most specific setting first: the task's grid,
+    the task's rate, finetune's grid, finetune's rate. One rate: no search."""
+    if task.lr_grid:
+        return list(task.lr_grid)
+    if task.lr:
+        return [task.lr]
+    return list(cfg.lr_grid) or [cfg.lr]
 
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
@@ -78,16 +104,15 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     if "checkpoint" in cfg.init:
         _check_same_shape(checkpoint_dir, bert, encoder_dir)
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
-    epochs, lr = task.epochs or cfg.epochs, task.lr or cfg.lr
+    epochs, lrs = task.epochs or cfg.epochs, learning_rates(task, cfg)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
                          cfg.label_subwords, task.max_span_words, meta.get("scheme", ""),
                          task.chunk_overlap)
                for s, t in splits.items()}
-    fits = [(init, seed) for init in cfg.init for seed in cfg.seeds]
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
-                   "lr": lr, "epochs": epochs,
+                   "epochs": epochs,
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
                    **({"train_windows": len(encoded["train"])} if task.long_text == "chunks" else {}),
@@ -96,22 +121,39 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
         shared = TaskFits(name, task, cfg, bert, meta["labels"], meta.get("scheme", ""), Path(encoder_dir),
-                          weights, tmp, encoded, splits["valid"], max_len, epochs, lr)
-        workers = worker_count(cfg.workers, len(fits))
-        if workers == 1:
-            summaries = [fit_and_predict(shared, init, seed)
-                         for init, seed in bar(fits, f"finetune {name}", len(fits), "fit")]
-        else:
-            summaries = map_in_processes(fit_and_predict, shared, fits, workers, f"finetune {name}")
+                          weights, tmp, encoded, splits["valid"], max_len, epochs)
+        workers = worker_count(cfg.workers, len(cfg.init) * max(len(lrs), len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
         this_run: dict = {"workers": workers}
-        for summary in summaries:
+        chosen = {init: lrs[0] for init in cfg.init}
+        winners: dict[str, dict] = {}
+        if len(lrs) > 1:
+            trials = _run(shared, [Job(init, cfg.seeds[0], lr, trial=True)
+                                   for init in cfg.init for lr in lrs], workers, f"lr search {name}")
+            stats["search"] = {}
+            for init in cfg.init:
+                mine = [t for t in trials if t["init"] == init]
+                winners[init] = max(mine, key=lambda t: t["best_val_metric"])  # the first on a tie
+                chosen[init] = winners[init]["lr"]
+                stats["search"][init] = {"lr": chosen[init], "trials": {
+                    f"{t['lr']:g}": {k: t[k] for k in ("steps", "best_val_metric")} for t in mine}}
+                this_run.update({f"search.{init}.{t['lr']:g}.minutes": t["minutes"] for t in mine})
+        jobs = [Job(init, seed, chosen[init], trained=winners.get(init) if seed == cfg.seeds[0] else None)
+                for init in cfg.init for seed in cfg.seeds]
+        for summary in _run(shared, jobs, workers, f"finetune {name}"):
             fit_name = f"{summary['init']}-s{summary['seed']}"
-            stats["fits"][fit_name] = {k: summary[k] for k in ("steps", "best_val_metric")}
+            stats["fits"][fit_name] = {k: summary[k] for k in ("steps", "best_val_metric", "lr")}
             this_run[f"{fit_name}.minutes"] = summary["minutes"]
         stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
+
+
+def _run(shared: TaskFits, jobs: list[Job], workers: int, desc: str) -> list[dict]:
+    """The jobs' summaries, in order: in this process, or side by side in worker processes."""
+    if workers == 1:
+        return [fit_and_predict(shared, job) for job in bar(jobs, desc, len(jobs), "fit")]
+    return map_in_processes(fit_and_predict, shared, [(job,) for job in jobs], workers, desc)
 
 
 def _check_same_shape(checkpoint_dir: Path | None, bert: BertConfig, encoder_dir: Path) -> None:
@@ -129,7 +171,8 @@ def _check_same_shape(checkpoint_dir: Path | None, bert: BertConfig, encoder_dir
 def fit(spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | None,
         train: list[Encoded], valid: list[Encoded], valid_gold: pa.Table, work: Path):
     """Train one fit with early stopping, from the encoder in `weights` (None: random weights);
-    return the model at its best validation pass, the validation history and the steps."""
+    return the model at its best validation pass, the validation history, the steps and the
+    file of the best weights (a Lightning checkpoint)."""
     import lightning as L
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
@@ -153,31 +196,54 @@ def fit(spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | No
                 val_dataloaders=DataLoader(Batches(valid[:1], spec.kind, 1, None), batch_size=None))
     state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     module.load_state_dict(state)
-    return module.model.cpu().eval(), module.history, trainer.global_step
+    return module.model.cpu().eval(), module.history, trainer.global_step, Path(best.best_model_path)
 
 
-def fit_and_predict(shared: TaskFits, init: str, seed: int) -> dict:
-    """One fit: train, predict the test split, write `fits/<init>-s<seed>.{parquet,json}`; the
-    first init's first seed is also exported as the task's model."""
+def restore(spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, path: Path) -> torch.nn.Module:
+    """A task model with the best weights `fit` kept in `path` (its module's `model.*` keys)."""
+    model = task_model(bert, spec.kind, spec.space, cfg.crf, spec.max_span_words)
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    return model.eval()
+
+
+def fit_and_predict(shared: TaskFits, job: Job) -> dict:
+    """One fit: train (or restore a search trial's best weights), predict the test split, write
+    `fits/<init>-s<seed>.{parquet,json}`; the first init's first seed is also exported as the
+    task's model. A search trial returns after training, its best weights kept in `work/`."""
     task, cfg, encoded = shared.task, shared.cfg, shared.encoded
     space = label_space(task.kind, shared.labels, shared.scheme)
+    init, seed = job.init, job.seed
     name = f"{init}-s{seed}"
-    spec = FitSpec(task.kind, space, init, seed, shared.epochs, shared.lr, task.max_span_words,
+    spec = FitSpec(task.kind, space, init, seed, shared.epochs, job.lr, task.max_span_words,
                    task.span_decoding, shared.scheme)
     start = time.perf_counter()
-    model, history, steps = fit(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
-                                encoded["valid"], shared.valid_gold, shared.out / "work" / name)
+    if job.trained is None:
+        work = shared.out / "work" / (f"{name}-lr{job.lr:g}" if job.trial else name)
+        model, history, steps, kept = fit(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
+                                          encoded["valid"], shared.valid_gold, work)
+        spent = 0.0
+    else:
+        t = job.trained
+        model, history, steps = restore(spec, shared.bert, cfg, Path(t["kept"])), t["history"], t["steps"]
+        spent = t["minutes"]
+    best = max((h["val_metric"] for h in history), default=float("nan"))
+    if job.trial:
+        log.info("lr search %s %s at %g: best validation %.4f in %d steps", shared.name, name,
+                 job.lr, best, steps)
+        return {"init": init, "seed": seed, "lr": job.lr, "steps": steps, "best_val_metric": best,
+                "history": history, "kept": str(kept),
+                "minutes": (time.perf_counter() - start) / 60}
     threshold = None
     if task.kind == "span" and cfg.span_threshold:
         threshold = calibrate_threshold(model, spec, encoded["valid"], shared.valid_gold, cfg.batch_size * 2)
     test = predict(model, task.kind, encoded["test"], space, cfg.batch_size * 2, task.span_decoding,
                    threshold)
     pq.write_table(predictions_table(task.kind, test), shared.out / "fits" / f"{name}.parquet")
-    best = max((h["val_metric"] for h in history), default=float("nan"))
-    summary = {"init": init, "seed": seed, "steps": steps, "best_val_metric": best,
+    summary = {"init": init, "seed": seed, "lr": job.lr, "steps": steps, "best_val_metric": best,
                "threshold": threshold, "history": history}
     write_json(shared.out / "fits" / f"{name}.json", summary)  # a DVC output: no wall time in it
-    summary["minutes"] = (time.perf_counter() - start) / 60
+    summary["minutes"] = spent + (time.perf_counter() - start) / 60
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, name, best,
              steps, summary["minutes"])
     if init == cfg.init[0] and seed == cfg.seeds[0]:
