@@ -9,12 +9,15 @@ import torch
 
 
 def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
-          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and LayerNorm parameters (the 1-d ones), as BERT."""
+          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+          fused: bool = False) -> torch.optim.AdamW:
+    """AdamW without weight decay on biases and LayerNorm parameters (the 1-d ones), as BERT.
+    `fused`: torch's one-kernel update (CPU and CUDA) instead of its CPU default, a loop over
+    the parameters (benchmarks/RESULTS.md, "Optimizer step")."""
     params = list(params)
     return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                             lr=lr, betas=betas, eps=eps)
+                             lr=lr, betas=betas, eps=eps, fused=fused)
 
 
 def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
