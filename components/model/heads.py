@@ -44,40 +44,37 @@ class CRF(nn.Module):
         """Mean negative log-likelihood; emissions (B, W, C), tags (B, W), mask (B, W) with
         every sequence's words first (mask[:, 0] all True)."""
         B, W, _ = emissions.shape
-        rows = torch.arange(B)
-        score = self.start[tags[:, 0]] + emissions[rows, 0, tags[:, 0]]  # (B,)
+        rows, m = torch.arange(B), mask.to(emissions.dtype)
+        # The gold path's score, every word at once: start, emissions, transitions, end.
+        emitted = emissions.gather(2, tags[:, :, None]).squeeze(2) * m  # (B, W)
+        moved = self.transitions[tags[:, :-1], tags[:, 1:]] * m[:, 1:]  # (B, W - 1)
+        last = tags[rows, mask.sum(1) - 1]
+        score = self.start[tags[:, 0]] + emitted.sum(1) + moved.sum(1) + self.end[last]  # (B,)
+        # The partition function: a recursion over the words (the only loop).
         alpha = self.start + emissions[:, 0]  # (B, C): log-sum over paths ending in each tag
         for w in range(1, W):
-            m = mask[:, w]
-            step = self.transitions[tags[:, w - 1], tags[:, w]] + emissions[rows, w, tags[:, w]]
-            score = score + step * m
             nxt = torch.logsumexp(alpha[:, :, None] + self.transitions + emissions[:, w, None, :], dim=1)
-            alpha = torch.where(m[:, None], nxt, alpha)
-        last = tags[rows, mask.sum(1) - 1]
-        score = score + self.end[last]
+            alpha = torch.where(mask[:, w, None], nxt, alpha)
         return (torch.logsumexp(alpha + self.end, dim=1) - score).mean()
 
     def viterbi(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
         """Best tag sequence of each row, of length mask.sum(1)."""
         B, W, _ = emissions.shape
         best = self.start + emissions[:, 0]  # (B, C)
-        back = []
+        back = []  # per word w >= 1: (B, C) the best previous tag for each tag at w
         for w in range(1, W):
-            scores = best[:, :, None] + self.transitions  # (B, C from, C to)
-            top, arg = scores.max(dim=1)
+            top, arg = (best[:, :, None] + self.transitions).max(dim=1)  # over (B, C from, C to)
             back.append(arg)
             best = torch.where(mask[:, w, None], top + emissions[:, w], best)
-        best = best + self.end
-        paths = []
-        for b in range(B):
-            n = int(mask[b].sum())
-            tag = int(best[b].argmax())
-            path = [tag]
-            for w in range(n - 1, 0, -1):
-                tag = int(back[w - 1][b, tag])
-                path.append(tag)
-            paths.append(path[::-1])
-        return paths
+        # Backtrack all rows at once from each row's last word (a row past its end keeps its tag).
+        lengths, rows = mask.sum(1), torch.arange(B)
+        tag = (best + self.end).argmax(1)  # (B,)
+        path = torch.empty(B, W, dtype=torch.long)
+        path[:, W - 1] = tag
+        for w in range(W - 1, 0, -1):
+            tag = torch.where(lengths > w, back[w - 1][rows, tag], tag)
+            path[:, w - 1] = tag
+        return [row[:n] for row, n in zip(path.tolist(), lengths.tolist(), strict=True)]
 
 
 class TokenClassifier(nn.Module):
