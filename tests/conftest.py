@@ -212,7 +212,7 @@ def make_task_project(repo: Path, tasks: dict) -> Path:
     data["model"]["preset"] = "tiny"
     data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
                             snapshot_every_steps=15, short_seq_steps=10, accelerator="cpu")
-    data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], lr=0.003, epochs=8,
+    data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], lr=0.003, lr_grid=[], epochs=8,
                             batch_size=16, patience=16)
     make_dvc_project(repo, data)
     _user_files(repo / "data" / "user" / "tasks")

@@ -194,8 +194,8 @@ def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
     from components.training.finetune import finetune_task
 
     task = TaskConfig("classification", "unused", epochs=1)
-    return finetune_task("reviews", task, FinetuneConfig(seeds=[1], init=["pretrained"], workers=1),
-                         task_dir, encoder_dir, out / "model")
+    cfg = FinetuneConfig(seeds=[1], init=["pretrained"], lr_grid=[], workers=1)
+    return finetune_task("reviews", task, cfg, task_dir, encoder_dir, out / "model")
 
 
 def _copy(encoder: Path, to: Path) -> Path:

@@ -274,7 +274,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
                                epochs=16),
         "pos": TaskConfig("token", "user/pos.conll"),  # plain tags (scheme auto)
     }
-    cfg = FinetuneConfig(tasks=tasks, seeds=[1, 2], lr=3e-3, epochs=8, batch_size=16, patience=16)
+    cfg = FinetuneConfig(tasks=tasks, seeds=[1, 2], lr=3e-3, lr_grid=[], epochs=8, batch_size=16,
+                         patience=16)
     for name, task in tasks.items():
         task_dir, model_dir = tmp_path / "tasks" / name, tmp_path / "models" / name
         prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)

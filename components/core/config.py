@@ -354,9 +354,9 @@ class FinetuneConfig:
         "trec-6": TaskConfig("classification", "trec-6", epochs=3),
         "bbc-news": TaskConfig("classification", "bbc-news", long_text="chunks", epochs=1, lr=1e-3),
         "conll2003-ner": TaskConfig("token", "conll2003-ner", epochs=3, lr=1e-3),
-        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", span_decoding="greedy"),
+        "conll2003-ner-span": TaskConfig("span", "conll2003-ner", span_decoding="greedy", lr=5e-4),
         "trec-same-type": TaskConfig("pair", "trec-same-type"),
-        "news-order": TaskConfig("pair", "news-order", max_train_examples=3000),
+        "news-order": TaskConfig("pair", "news-order", max_train_examples=3000, lr=5e-4),
     })
     """Tasks by name; dvc.yaml runs one stage of each kind per task (foreach)."""
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
@@ -372,7 +372,7 @@ class FinetuneConfig:
     """Examples per step."""
     lr: float = 5e-4
     """Peak learning rate (AdamW; linear warmup over 10% of the steps, then linear decay)."""
-    lr_grid: list[float] = field(default_factory=list)
+    lr_grid: list[float] = field(default_factory=lambda: [5e-4, 1e-3])
     """Rates each init tries on its first seed; the best validation metric's trains every seed
     (the winning trial is the first seed's fit). Empty: lr, no search."""
     weight_decay: float = 0.01
