@@ -212,8 +212,9 @@ def make_task_project(repo: Path, tasks: dict) -> Path:
     data["model"]["preset"] = "tiny"
     data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
                             snapshot_every_steps=15, short_seq_steps=10, accelerator="cpu")
+    # One rate, no CRF: the lifecycle tests export the token model to transformers (no CRF there).
     data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], lr=0.003, lr_grid=[], epochs=8,
-                            batch_size=16, patience=16)
+                            batch_size=16, patience=16, crf=False)
     make_dvc_project(repo, data)
     _user_files(repo / "data" / "user" / "tasks")
     run_cli("dvc", "add", "data/user/tasks", cwd=repo)

@@ -387,8 +387,8 @@ class FinetuneConfig:
     """Train only the last k encoder layers (and the head); -1 trains all."""
     label_subwords: Literal["all", "first"] = "all"
     """Token tasks: train on every subword of a word (BERT) or only on its first subword."""
-    crf: bool = False
-    """Token tasks: a CRF layer over the emissions, Viterbi decoding."""
+    crf: bool = True
+    """Token tasks: a CRF layer over the words' emissions, Viterbi decoding (no transformers export)."""
     span_threshold: bool = False
     """Span tasks: calibrate a score threshold on the validation split (best F1)."""
     workers: int = 0
