@@ -246,7 +246,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
                            "columns": {"text": "review", "label": "verdict"}},
                "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
                "pos": {"kind": "token", "source": "data/user/tasks/pos.conll"}},  # plain tags
-        seeds=[1], lr=0.003, epochs=4, batch_size=16, patience=8)  # more seeds: test_finetune
+        seeds=[1], lr=0.003, lr_grid=[], epochs=4, batch_size=16, patience=8)  # more seeds: test_finetune
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     run_cli("git", "add", "-A", cwd=repo)
     run_cli("git", "commit", "-qm", "user tasks", cwd=repo)
