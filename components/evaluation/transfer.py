@@ -62,13 +62,17 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
     text = ("# What pretraining bought\n\n" + guard_warning(tasks_dir, tasks)
             + f"Test-split scores, mean ± sample std over {seeds} seeds, in percent. {legend}"
             "*gain*: pretrained minus from scratch, in points; *pretraining helps* when the gain "
-            f"exceeds the larger seed std.{_baseline_legend(rows)}\n\n" + transfer_table(rows))
+            "exceeds the larger seed std; *lr*: each start's peak learning rate, in column order "
+            f"(chosen on validation when a rate grid is set).{_baseline_legend(rows)}\n\n"
+            + transfer_table(rows))
     cost = cost_cells(rows)
     if cost[1]:
         text += ("\n## What each start cost\n\nOptimizer steps of one fit (one init, one seed; "
                  "mean ± std over seeds) until early stopping or the last epoch; pretraining, paid "
-                 "once for every task, is in pretrain_stats.json. Wall minutes are in each "
-                 "finetune run's MLflow metrics (`this_run.*`).\n\n" + markdown(*cost))
+                 "once for every task, is in pretrain_stats.json; a learning-rate search adds, per "
+                 "start, a first-seed trial for every further rate (finetune_stats.json, `search`). "
+                 "Wall minutes are in each finetune run's MLflow metrics (`this_run.*`).\n\n"
+                 + markdown(*cost))
     with atomic_file(md_path) as tmp:
         tmp.write_text(text)
     summary = {r["task"]: {**{k: v for k, v in r.items() if k != "task"},
