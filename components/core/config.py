@@ -350,7 +350,7 @@ class FinetuneConfig:
     (the pretrained encoder, random weights, the imported checkpoint) over several seeds."""
 
     tasks: dict[str, TaskConfig] = field(default_factory=lambda: {
-        "movie-sentiment": TaskConfig("classification", "movie-sentiment"),
+        "movie-sentiment": TaskConfig("classification", "movie-sentiment", lr=5e-4),
         "trec-6": TaskConfig("classification", "trec-6", epochs=3),
         "bbc-news": TaskConfig("classification", "bbc-news", long_text="chunks", epochs=1, lr=1e-3),
         "conll2003-ner": TaskConfig("token", "conll2003-ner", epochs=3, lr=1e-3),
