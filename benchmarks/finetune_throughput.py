@@ -47,7 +47,8 @@ def stage_seconds(project: Path, p) -> dict[str, float]:
 
 
 def trained_tokens(project: Path, name: str, p) -> tuple[float, int]:
-    """Subword tokens the task's fits trained on, summed over its fits, and the fit count."""
+    """Subword tokens the task's fits trained on, summed over its fits, and the fit count; a
+    learning-rate search's losing trials count as fits (the winner is its start's first fit)."""
     from components.data.tasks.folder import read_meta, read_split
     from components.model.folders import load_tokenizer
     from components.model.inputs import encode
@@ -64,8 +65,10 @@ def trained_tokens(project: Path, name: str, p) -> tuple[float, int]:
                    task.chunk_overlap)
     per_epoch = sum(len(e.ids) for e in train)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    fits = stats["fits"]
-    return sum(per_epoch * f["steps"] / steps_per_epoch for f in fits.values()), len(fits)
+    fits = list(stats["fits"].values()) + [
+        trial for search in stats.get("search", {}).values()
+        for rate, trial in search["trials"].items() if rate != f"{search['lr']:g}"]
+    return sum(per_epoch * f["steps"] / steps_per_epoch for f in fits), len(fits)
 
 
 def main() -> None:
