@@ -24,6 +24,7 @@ from components.evaluation.tables import (
     arm_steps,
     compare_transfer,
     cost_cells,
+    fits_by_init,
     summarize,
     transfer_table,
 )
@@ -270,10 +271,10 @@ def test_what_each_start_cost_is_steps_per_fit_by_init(tmp_path):
     fits = {"pretrained-s1": {"steps": 400, "lr": 5e-4}, "pretrained-s2": {"steps": 500, "lr": 5e-4},
             "scratch-s1": {"steps": 1250, "lr": 1e-3}}
     stats.write_text(json.dumps({"fits": fits}))
-    steps = arm_steps(stats)
+    steps = arm_steps(fits_by_init(stats))
     assert steps["pretrained"]["mean"] == 450 and steps["scratch"]["values"] == [1250]
-    assert arm_lr(stats) == {"pretrained": 5e-4, "scratch": 1e-3}
-    assert arm_steps(tmp_path / "missing.json") == {} == arm_lr(tmp_path / "missing.json")
+    assert arm_lr(fits_by_init(stats)) == {"pretrained": 5e-4, "scratch": 1e-3}
+    assert fits_by_init(tmp_path / "missing.json") == {}
     rows = [{"task": "a", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": steps},
             {"task": "b", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": {}}]
     header, cells = cost_cells(rows)

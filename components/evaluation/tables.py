@@ -104,7 +104,7 @@ def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, cells
 
 
-def _fits_by_init(finetune_stats: Path) -> dict[str, list[dict]]:
+def fits_by_init(finetune_stats: Path) -> dict[str, list[dict]]:
     """Each init's fits (named INIT-sSEED) in a task's finetune_stats.json; empty if the file
     is not there."""
     if not Path(finetune_stats).exists():
@@ -115,16 +115,15 @@ def _fits_by_init(finetune_stats: Path) -> dict[str, list[dict]]:
     return dict(sorted(by_init.items()))
 
 
-def arm_steps(finetune_stats: Path) -> dict[str, dict]:
-    """Optimizer steps of one fit, per init over its seeds. Steps, not wall minutes: the table
-    must read the same on every machine that trains the same models."""
-    return {init: summarize([f["steps"] for f in fits])
-            for init, fits in _fits_by_init(finetune_stats).items()}
+def arm_steps(by_init: dict[str, list[dict]]) -> dict[str, dict]:
+    """Optimizer steps of one fit, per init over its seeds (`fits_by_init`). Steps, not wall
+    minutes: the table must read the same on every machine that trains the same models."""
+    return {init: summarize([f["steps"] for f in fits]) for init, fits in by_init.items()}
 
 
-def arm_lr(finetune_stats: Path) -> dict[str, float]:
+def arm_lr(by_init: dict[str, list[dict]]) -> dict[str, float]:
     """The peak learning rate each init's fits trained with (set, or chosen by the search)."""
-    return {init: fits[0]["lr"] for init, fits in _fits_by_init(finetune_stats).items() if "lr" in fits[0]}
+    return {init: fits[0]["lr"] for init, fits in by_init.items() if "lr" in fits[0]}
 
 
 def cost_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from components.core.io import atomic_file
 from components.evaluation.baseline import MOST_FREQUENT_TAG, TFIDF
-from components.evaluation.tables import arm_lr, arm_steps, cost_cells, markdown, transfer_table, verdicts
+from components.evaluation.tables import (
+    arm_lr,
+    arm_steps,
+    cost_cells,
+    fits_by_init,
+    markdown,
+    transfer_table,
+    verdicts,
+)
 
 
 def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
@@ -44,13 +52,13 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         if not path.exists():
             raise FileNotFoundError(f"{path}: task {name} is not evaluated; run evaluate@{name} first")
         s = json.loads(path.read_text())
+        fits = fits_by_init(Path(tasks_dir) / name / "finetune_stats.json")
         baseline = s.get("baseline")
         rows.append({"task": name, "kind": s["kind"], "metric": s["metric"],
                      "baseline": baseline[s["metric"]] if baseline else None,
                      "baseline_name": baseline["name"] if baseline else None,
                      "scratch": None, **s["primary"],
-                     "steps": arm_steps(Path(tasks_dir) / name / "finetune_stats.json"),
-                     "lr": arm_lr(Path(tasks_dir) / name / "finetune_stats.json")})
+                     "steps": arm_steps(fits), "lr": arm_lr(fits)})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
     encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
                else "pretrained here from random weights")
