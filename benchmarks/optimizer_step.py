@@ -29,6 +29,7 @@ from components.core.config import load_params  # noqa: E402
 from components.model.build import build_model  # noqa: E402
 from components.model.config import IGNORE, BertConfig  # noqa: E402
 from components.training.common import adamw  # noqa: E402
+from components.training.finetune_module import loss_of  # noqa: E402
 
 SECTION = "## Optimizer step"
 
@@ -46,10 +47,10 @@ def batch(kind: str, B: int, T: int, V: int, labels: int) -> dict:
 
 
 def loss(model: torch.nn.Module, kind: str, b: dict) -> torch.Tensor:
-    x = (b["input_ids"], b["token_type_ids"], b["attention_mask"])
+    """The token head's loss as fine-tuning computes it; pretraining's from its model."""
     if kind == "token":
-        return torch.nn.functional.cross_entropy(model(*x).flatten(0, 1), b["labels"].flatten())
-    return model(*x, b["mlm"], b["nsp"])["loss"]
+        return loss_of(model, "token", b)
+    return model(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["mlm"], b["nsp"])["loss"]
 
 
 def measure(cfg: BertConfig, kind: str, B: int, T: int, threads: int, steps: int) -> dict:
