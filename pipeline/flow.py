@@ -179,8 +179,9 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
 
 
 HEADLINE = ("documents", "documents_out", "sentences_out", "vocab_size", "unk_rate",
-            "tokens_per_word", "train.instances", "train.nsp_random_fraction", "mlm_accuracy",
-            "examples.train", "train_examples", "primary.pretrained.mean", "primary.scratch.mean")
+            "tokens_per_word", "train.instances", "train.nsp_random_fraction",
+            "train.sop_swapped_fraction", "mlm_accuracy", "examples.train", "train_examples",
+            "primary.pretrained.mean", "primary.scratch.mean")
 
 
 def summary_markdown(results: dict[str, dict], failed: str | None = None) -> str:

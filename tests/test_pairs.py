@@ -19,6 +19,7 @@ from components.data.pairs import (
     instances_from_document,
     make_pairs,
     pack_documents,
+    sop_instances_from_document,
     to_table,
     tokenize_documents,
     truncate_seq_pair,
@@ -208,6 +209,34 @@ def test_same_seed_gives_byte_identical_shards_whatever_the_workers(pairs_out, s
                tmp_path / "q")
     assert list_shards(tmp_path / "q" / "train")[0].read_bytes() != \
         list_shards(out / "train")[0].read_bytes()
+
+
+def test_sop_pairs_are_one_documents_consecutive_text_in_order_or_swapped(news_docs):
+    cfg = PairsConfig(mode="sop")
+    rng, counts = random.Random(7), Counter()
+    labels = Counter()
+    for doc in news_docs:
+        stream = [t for s in doc for t in s]
+        for a, b, label in sop_instances_from_document(doc, cfg, rng, counts):
+            labels[label] += 1
+            first, second = (b, a) if label == 1 else (a, b)
+            start = _find(stream, first)
+            assert start >= 0, "both segments must be text of the document itself"
+            # The truncation may trim the text between them, never reorder it.
+            assert _find(stream[start + len(first):], second) >= 0
+    assert abs(labels[1] / (labels[0] + labels[1]) - 0.5) < 0.05
+    # A one-sentence document still gives an instance: the sentence cut in two.
+    (a, b, label), = sop_instances_from_document([[5, 6, 7, 8]], cfg, random.Random(0), counts)
+    assert (b + a if label else a + b) == [5, 6, 7, 8]
+
+
+def test_sop_stage_writes_pair_shards(stages_dir, tmp_path):
+    stats = make_pairs(PairsConfig(mode="sop"), SERIAL, stages_dir / "clean", stages_dir / "tokenizer",
+                       tmp_path / "p")
+    assert abs(stats["train"]["sop_swapped_fraction"] - 0.5) <= 0.03
+    assert stats["train"]["forced_random_next"] == 0
+    table = pq.read_table(list_shards(tmp_path / "p" / "train")[0])
+    assert set(table["next_sentence_label"].to_pylist()) == {0, 1}
 
 
 def test_packing_mode(stages_dir, tmp_path):

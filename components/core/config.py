@@ -165,14 +165,14 @@ class TokenizerConfig:
 
 @dataclass
 class PairsConfig:
-    """Stage `pairs`: pretraining instances (Google's NSP algorithm, or packing)."""
+    """Stage `pairs`: pretraining instances (Google's NSP algorithm, ALBERT's SOP, or packing)."""
 
-    mode: Literal["nsp", "packing"] = "nsp"
-    """`nsp`: sentence pairs with is-next labels; `packing`: full sequences across documents, no NSP."""
+    mode: Literal["nsp", "sop", "packing"] = "nsp"
+    """`nsp`: is-next or random B; `sop`: two consecutive segments, maybe swapped; `packing`: no pairs."""
     max_seq_len: int = 128
     """Tokens per instance, [CLS] and [SEP] included."""
     short_seq_prob: float = 0.1
-    """Probability of a shorter random target length (NSP mode), as in Google's script."""
+    """Probability of a shorter random target length (NSP and SOP modes), as in Google's script."""
     balance_nsp: bool = True
     """Offset the random Bs that one-sentence chunks force, so NSP labels stay 50/50."""
     dupe_factor: int = 1

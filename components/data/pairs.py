@@ -15,11 +15,20 @@ default corpus, mostly from documents given a short target length). With `balanc
 continuation; chunking, split points, negatives and truncation keep Google's rules, and the
 labels come out balanced. Unlike Google's, a random B never comes from the same document.
 
+`sop` mode (ALBERT's sentence-order prediction): Google's chunking, target lengths and split
+points, but B is always A's true continuation, and with probability 1/2 the two segments swap
+places (label 1: swapped, 0: in order; the NSP column and head carry it). NSP's negatives come
+from other documents, so a model can solve NSP by topic alone; SOP's two segments share a topic,
+so only discourse order tells them apart (ALBERT, Lan et al. 2020, section 4.6). A one-sentence
+chunk, which NSP must pair with another document, is cut at a random token instead; ALBERT's
+own script still draws a random document there, which would put NSP's topic cue back in.
+
 `packing` mode (RoBERTa FULL-SENTENCES): contiguous sentences packed to max_seq_len across
 document boundaries, a [SEP] between documents, no NSP (label -1).
 
 Output: `{train,heldout}/part-*.parquet` with input_ids list<int32>, token_type_ids list<int8>,
-next_sentence_label int8 (0: B follows A, 1: B is random, as in BERT and HF; -1: no NSP).
+next_sentence_label int8 (0: B follows A, 1: B is random (NSP) or the two are swapped (SOP), as
+in BERT and HF; -1: no pair objective).
 Each shard and pass seeds its own generator from (seed, split, shard), so the output does not
 depend on how many workers ran.
 """
@@ -49,6 +58,7 @@ PAIRS_SCHEMA = pa.schema([
     ("token_type_ids", pa.list_(pa.int8())),
     ("next_sentence_label", pa.int8()),
 ])
+LABEL_FRACTION = {"sop": "sop_swapped_fraction"}  # stats key of the label-1 share, per mode
 HIST_BIN = 16  # tokens per bin of the length histogram
 MIN_SEQ_LEN = 8
 
@@ -134,6 +144,39 @@ def instances_from_document(docs: list[Document], index: int, cfg: PairsConfig,
             instances.append((tokens_a, tokens_b, is_random_next))
             chunk, chunk_length = [], 0
         i += 1
+    return instances
+
+
+def sop_instances_from_document(document: Document, cfg: PairsConfig, rng: random.Random,
+                                counts: Counter) -> list[Instance]:
+    """Sentence-order instances of one document: Google's chunks, in order or swapped."""
+    max_num_tokens = cfg.max_seq_len - 3  # [CLS], [SEP], [SEP]
+    target_seq_length = max_num_tokens
+    if rng.random() < cfg.short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+    instances: list[Instance] = []
+    chunk: list[list[int]] = []
+    chunk_length = 0
+    for i, sentence in enumerate(document):
+        chunk.append(sentence)
+        chunk_length += len(sentence)
+        if i < len(document) - 1 and chunk_length < target_seq_length:
+            continue
+        if len(chunk) >= 2:
+            a_end = rng.randint(1, len(chunk) - 1)
+            tokens_a = [t for s in chunk[:a_end] for t in s]
+            tokens_b = [t for s in chunk[a_end:] for t in s]
+        elif len(sentence) >= 2:  # one sentence: its two halves are in order too
+            cut = rng.randint(1, len(sentence) - 1)
+            tokens_a, tokens_b = sentence[:cut], sentence[cut:]
+        else:
+            counts["skipped_one_token_chunk"] += 1
+            chunk, chunk_length = [], 0
+            continue
+        tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+        swapped = int(rng.random() < 0.5)
+        instances.append((tokens_b, tokens_a, 1) if swapped else (tokens_a, tokens_b, 0))
+        chunk, chunk_length = [], 0
     return instances
 
 
@@ -240,6 +283,9 @@ def _pairs_shard(task: _ShardTask) -> Counter:
         if cfg.mode == "nsp":
             for index in range(len(docs)):
                 instances.extend(instances_from_document(docs, index, cfg, rng, counts))
+        elif cfg.mode == "sop":
+            for doc in docs:
+                instances.extend(sop_instances_from_document(doc, cfg, rng, counts))
         else:
             instances.extend(pack_documents(docs, cfg.max_seq_len))
     rng.shuffle(instances)
@@ -283,7 +329,7 @@ def make_pairs(cfg: PairsConfig, executor: ExecutorConfig, clean_dir: Path, toke
                     validation.check_pairs_shard(
                         pq.read_table(task.dst), cls_id=tok.token_to_id(CLS),
                         sep_id=tok.token_to_id(SEP), vocab_size=vocab_size,
-                        max_seq_len=cfg.max_seq_len, nsp=cfg.mode == "nsp",
+                        max_seq_len=cfg.max_seq_len, nsp=cfg.mode != "packing",
                         where=out_dir / split / task.dst.name)
             if counts["instances"] == 0:
                 raise DataError(f"pairs: no {split} instances from {clean_dir / split}")
@@ -291,9 +337,11 @@ def make_pairs(cfg: PairsConfig, executor: ExecutorConfig, clean_dir: Path, toke
             stats[split] = {
                 "instances": counts["instances"],
                 "tokens": counts["tokens"],
-                "nsp_random_fraction": counts["random_next"] / counts["instances"],
+                LABEL_FRACTION.get(cfg.mode, "nsp_random_fraction"):
+                    counts["random_next"] / counts["instances"],
                 "forced_random_next": counts["forced_random_next"],
                 "skipped_no_other_document": counts["skipped_no_other_document"],
+                "skipped_one_token_chunk": counts["skipped_one_token_chunk"],
                 "length_histogram": {str(k): hist[k] for k in sorted(hist)},
             }
     return stats
