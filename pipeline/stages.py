@@ -109,12 +109,25 @@ def _task_data(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
                         root / p.paths.tasks / task)
 
 
+def _adapt(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.training.adapt import adapt_task
+
+    stats = adapt_task(p.adapt, "adapted" in p.finetune.init, p.finetune.tasks[task], p.model, p.pretrain,
+                       root / p.paths.tasks / task, root / p.paths.models / "encoder",
+                       root / p.paths.models / "adapted" / task,
+                       root / p.paths.models / "adapt-snapshots" / task,
+                       mlflow_run=(run.uri, run.run_id) if run else None)
+    stats.pop("history", None)  # in the adapted encoder's bertflow.json and the MLflow curves
+    return stats
+
+
 def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
     from components.training.finetune import finetune_task
 
     out = root / p.paths.models / "tasks" / task
     stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
-                          root / p.paths.models / "encoder", out, root / p.paths.checkpoint)
+                          root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
+                          root / p.paths.models / "adapted" / task)
     if run is not None:
         run.log_artifact(out / "model", "model")
         _log_search(p, root, run, task, stats)
@@ -165,6 +178,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("pretrain", _pretrain, ("model", "pretrain"), own_process=True,
           artifacts=lambda p, root, task: [root / p.paths.metrics / "pretrain_curve.png"]),
     Stage("task_data", _task_data, ("finetune.tasks.{task}",), per_task=True),
+    Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "model", "pretrain"),
+          per_task=True),
     Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS), per_task=True),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
           artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),

@@ -154,6 +154,23 @@ def pairs_out(stages_dir) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="session")
+def tiny_encoder(stages_dir, tmp_path_factory):
+    """A tiny encoder exported as the pretrain stage exports it (random weights: these tests
+    check the mechanics; what pretraining buys is measured by the pipeline)."""
+    from components.data.tokenizer import load
+    from components.model.build import build_model
+    from components.model.config import BertConfig
+    from components.model.folders import write_encoder
+    from components.model.metadata import EncoderInfo
+
+    vocab = load(stages_dir / "tokenizer").get_vocab_size()
+    cfg = BertConfig(vocab_size=vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
+    out = tmp_path_factory.mktemp("encoder") / "encoder"
+    write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory) -> Iterator[str]:
     """One real Prefect server for the test process (`bertflow server start`'s), the API of the
     flow runs its tests start, in-process and in `bertflow run` subprocesses (PREFECT_API_URL):

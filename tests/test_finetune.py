@@ -172,23 +172,6 @@ def test_crf_viterbi_is_the_best_path_and_nll_normalises():
 
 # ------------------------------------------------------------------ every kind, end to end
 
-@pytest.fixture(scope="module")
-def tiny_encoder(stages_dir, tmp_path_factory):
-    """A tiny encoder exported as the pretrain stage exports it (random weights: these tests
-    check the mechanics; what pretraining buys is measured by the pipeline)."""
-    from components.data.tokenizer import load
-    from components.model.build import build_model
-    from components.model.config import BertConfig
-    from components.model.folders import write_encoder
-    from components.model.metadata import EncoderInfo
-
-    vocab = load(stages_dir / "tokenizer").get_vocab_size()
-    cfg = BertConfig(vocab_size=vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
-    out = tmp_path_factory.mktemp("encoder") / "encoder"
-    write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
-    return out
-
-
 def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
     """Arms of one seed differ only in their start: the draws after the model is built (dropout,
     data order) are the same with pretrained weights and from scratch."""

@@ -246,7 +246,9 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
                            "columns": {"text": "review", "label": "verdict"}},
                "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
                "pos": {"kind": "token", "source": "data/user/tasks/pos.conll"}},  # plain tags
-        seeds=[1], lr=0.003, lr_grid=[], epochs=4, batch_size=16, patience=8)  # more seeds: test_finetune
+        seeds=[1], lr=0.003, lr_grid=[], epochs=4, batch_size=16, patience=8,  # more seeds: test_finetune
+        init=["pretrained", "adapted", "scratch"])
+    data["adapt"] = {"steps": 6, "lr": 0.001, "batch_size": 4, "max_seq_len": 16}
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     run_cli("git", "add", "-A", cwd=repo)
     run_cli("git", "commit", "-qm", "user tasks", cwd=repo)
@@ -255,7 +257,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     statuses = dict(line.split()[:2] for line in out.splitlines() if line.split()[1:2] == ["ran"])
     tasks = ["reviews", "ner", "pos"]
     assert list(statuses) == [*DATA_STAGES, "pretrain", *(f"{stage}@{task}" for stage in
-                                                          ("task_data", "finetune", "evaluate")
+                                                          ("task_data", "adapt", "finetune", "evaluate")
                                                           for task in tasks), "transfer", "registry"]
     assert _dvc_clean(repo, "transfer")
     assert "didn't change, skipping" in run_cli("dvc", "repro", cwd=repo).stdout
@@ -283,7 +285,12 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     assert served.status_code == 200
     assert served.json()["predictions"] == [{"tokens": answer["tokens"], "tags": answer["tags"]}]
     stats = json.loads((repo / "metrics" / "tasks" / "ner" / "evaluate_stats.json").read_text())
-    assert set(stats["fits"]) == {"pretrained-s1", "scratch-s1"}
+    assert set(stats["fits"]) == {"pretrained-s1", "adapted-s1", "scratch-s1"}
+    # The adapted start: its own stage per task, its own column.
+    adapt = json.loads((repo / "metrics" / "tasks" / "ner" / "adapt_stats.json").read_text())
+    assert adapt["adapted"] and adapt["steps"] == 6
+    header = next(line for line in table.splitlines() if line.startswith("| task | kind |"))
+    assert "| pretrained | task-adapted | from scratch | gain | adaptation |" in header
     assert stats["primary"]["pretrained"]["mean"] > 0.8
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")

@@ -361,11 +361,12 @@ class FinetuneConfig:
     """Tasks by name; dvc.yaml runs one stage of each kind per task (foreach)."""
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     """Seeds of the fits per init (the transfer table's mean and std); the first is exported."""
-    init: list[Literal["pretrained", "scratch", "checkpoint"]] = field(
+    init: list[Literal["pretrained", "scratch", "checkpoint", "adapted"]] = field(
         default_factory=lambda: ["pretrained", "scratch"])
     """The arms, each trained over every seed: `pretrained` (the pretrain stage's encoder),
-    `scratch` (the same shape, random weights) and `checkpoint` (pretrain.init_from as it came,
-    without continued pretraining). The first arm's first seed is the task's model."""
+    `scratch` (the same shape, random weights), `checkpoint` (pretrain.init_from as it came,
+    without continued pretraining) and `adapted` (the encoder continued on the task's own text,
+    stage adapt@task). The first arm's first seed is the task's model."""
     max_seq_len: int = 128
     """Tokens per example."""
     batch_size: int = 32
@@ -395,6 +396,21 @@ class FinetuneConfig:
     """Fits trained at once in separate processes; 0: one per CPU core on CPU, one on a GPU."""
     deterministic: bool = False
     """Deterministic kernels only: bit-exact GPU reruns, slower (CPU reruns repeat exactly anyway)."""
+
+
+@dataclass
+class AdaptConfig:
+    """Stage `adapt@task`, run when finetune.init has `adapted`: task-adaptive pretraining, the
+    pretrained encoder continued with masked LM on the task's training text (labels unused)."""
+
+    steps: int = 1000
+    """Optimiser steps per task (masking and optimiser settings are pretrain's)."""
+    lr: float = 2e-4
+    """Peak learning rate (linear warmup over 10% of the steps, then linear decay)."""
+    batch_size: int = 32
+    """Sequences per step."""
+    max_seq_len: int = 128
+    """Tokens per sequence: the task's examples are packed back to back."""
 
 
 @dataclass
@@ -451,6 +467,8 @@ class Params:
     """Stage pretrain."""
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     """Stage finetune."""
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    """Stage adapt (the `adapted` start)."""
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     """Stage evaluate."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -614,6 +632,11 @@ def check(p: Params, where: str) -> None:
         ("checkpoint" not in f.init or p.pretrain.init_from, "finetune.init",
          "has checkpoint, which needs pretrain.init_from"),
         (f.batch_size >= 1, "finetune.batch_size", "must be at least 1"),
+        (p.adapt.steps >= 1, "adapt.steps", "must be at least 1"),
+        (p.adapt.lr > 0, "adapt.lr", "must be positive"),
+        (p.adapt.batch_size >= 1, "adapt.batch_size", "must be at least 1"),
+        (8 <= p.adapt.max_seq_len <= p.model.max_position, "adapt.max_seq_len",
+         f"must be between 8 and model.max_position ({p.model.max_position})"),
         (f.lr > 0, "finetune.lr", "must be positive"),
         (_rates(f.lr_grid), "finetune.lr_grid", "must hold distinct positive learning rates"),
         (f.weight_decay >= 0, "finetune.weight_decay", "must not be negative"),

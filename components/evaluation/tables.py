@@ -46,10 +46,12 @@ def verdict(pretrained: dict, scratch: dict | None) -> str:
 
 def verdicts(row: dict) -> str:
     """The verdict on pretraining; with a checkpoint arm, also on what continued pretraining
-    added to the checkpoint as is."""
+    added to the checkpoint as is; with an adapted arm, on what task adaptation added."""
     text = verdict(row["pretrained"], row.get("scratch"))
     if row.get("checkpoint"):
         text += f"; continued pretraining {_outcome(row['pretrained'], row['checkpoint'])}"
+    if row.get("adapted"):
+        text += f"; task adaptation {_outcome(row['adapted'], row['pretrained'])}"
     return text
 
 
@@ -61,7 +63,11 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")  # a pipe in a task name would split the row
 
 
-ARMS = {"pretrained": "pretrained", "checkpoint": "checkpoint as is", "scratch": "from scratch"}
+ARMS = {"pretrained": "pretrained", "adapted": "task-adapted", "checkpoint": "checkpoint as is",
+        "scratch": "from scratch"}
+# Difference columns: (title, minuend, subtrahend), shown when both arms were measured.
+GAINS = (("gain", "pretrained", "scratch"), ("vs checkpoint", "pretrained", "checkpoint"),
+         ("adaptation", "adapted", "pretrained"))
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -82,22 +88,21 @@ def _arms(rows: list[dict]) -> list[str]:
 
 
 def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells per task: each init's score (`ARMS` order; pretrained always), the gain
-    of pretraining over scratch, what continued pretraining added to the checkpoint, each
-    init's learning rate (same order), the task's baseline (TF-IDF + LR, most frequent tag),
-    and a verdict."""
+    """Header and cells per task: each init's score (`ARMS` order; pretrained always), the
+    differences of `GAINS` (pretraining over scratch, continued pretraining over the checkpoint,
+    task adaptation over the pretrained start), each init's learning rate (same order), the
+    task's baseline (TF-IDF + LR, most frequent tag), and a verdict."""
     arms = _arms(rows)
-    gains = [(title, other) for title, other in (("gain", "scratch"), ("vs checkpoint", "checkpoint"))
-             if other in arms]
-    header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _ in gains),
+    gains = [(title, a, b) for title, a, b in GAINS if a in arms and b in arms]
+    header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _, _ in gains),
               "lr", "baseline", "verdict"]
     cells = []
     for row in rows:
-        pretrained, baseline, lrs = row["pretrained"], row.get("baseline"), row.get("lr", {})
+        baseline, lrs = row.get("baseline"), row.get("lr", {})
         cells.append([row["task"], row["kind"], row["metric"],
                       *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
-                      *(f"{100 * (pretrained['mean'] - row[other]['mean']):+.1f}" if row.get(other)
-                        else NO_VALUE for _, other in gains),
+                      *(f"{100 * (row[a]['mean'] - row[b]['mean']):+.1f}" if row.get(a) and row.get(b)
+                        else NO_VALUE for _, a, b in gains),
                       " / ".join(f"{lrs[a]:g}" for a in arms if a in lrs) or NO_VALUE,
                       NO_VALUE if baseline is None else f"{100 * baseline:.1f}",
                       verdicts(row)])

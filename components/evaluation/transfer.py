@@ -67,6 +67,11 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         legend += (f"*checkpoint as is*: {init_from} fine-tuned without continued pretraining; "
                    "*vs checkpoint*: pretrained minus checkpoint as is, in points, and "
                    "*continued pretraining helps* when it exceeds the larger seed std; ")
+    if any(r.get("adapted") for r in rows):
+        legend += ("*task-adapted*: the pretrained encoder continued with masked LM on the task's "
+                   "own training text before fine-tuning (adapt_stats.json); *adaptation*: "
+                   "task-adapted minus pretrained, in points, and *task adaptation helps* when it "
+                   "exceeds the larger seed std; ")
     text = ("# What pretraining bought\n\n" + guard_warning(tasks_dir, tasks)
             + f"Test-split scores, mean ± sample std over {seeds} seeds, in percent. {legend}"
             "*gain*: pretrained minus from scratch, in points; *pretraining helps* when the gain "
@@ -74,12 +79,15 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
             f"(chosen on validation when a rate grid is set).{_baseline_legend(rows)}\n\n"
             + transfer_table(rows))
     cost = cost_cells(rows)
+    adapt_cost = (", a task-adapted start's continued pretraining in adapt_stats.json"
+                  if any(r.get("adapted") for r in rows) else "")
     if cost[1]:
         text += ("\n## What each start cost\n\nOptimizer steps of one fit (one init, one seed; "
                  "mean ± std over seeds) until early stopping or the last epoch; pretraining, paid "
-                 "once for every task, is in pretrain_stats.json; a learning-rate search adds, per "
-                 "start, a first-seed trial for every further rate (finetune_stats.json, `search`). "
-                 "Wall minutes are in each finetune run's MLflow metrics (`this_run.*`).\n\n"
+                 f"once for every task, is in pretrain_stats.json{adapt_cost}; a learning-rate "
+                 "search adds, per start, a first-seed trial for every further rate "
+                 "(finetune_stats.json, `search`). Wall minutes are in each finetune run's MLflow "
+                 "metrics (`this_run.*`).\n\n"
                  + markdown(*cost))
     with atomic_file(md_path) as tmp:
         tmp.write_text(text)

@@ -33,7 +33,7 @@ from components.data.tokenizer import (
 from components.model.build import init_weights
 from components.model.checkpoint_tokenizer import checkpoint_tokenizer
 from components.model.config import BertConfig
-from components.model.folders import read_weights
+from components.model.folders import load_pretraining_model, read_weights
 from components.model.hf_layout import (
     config_from_hf,
     hf_config,
@@ -68,6 +68,8 @@ def load_checkpoint(folder: Path, cfg: BertConfig):
     """A BertForPretraining of shape `cfg` with the checkpoint's weights (shapes checked) and
     the names of the heads it lacks, which keep their fresh initialisation."""
     weights, config = Path(folder) / "model.safetensors", Path(folder) / "config.json"
+    if not config.exists():  # a pre-norm encoder of ours: our own names, every head present
+        return load_pretraining_model(folder, cfg), []
     state = normalize_hf_names(read_weights(weights))
     model = BertForPretraining(cfg)
     init_weights(model, cfg.init_std)

@@ -1,5 +1,5 @@
 """Stage `finetune@task`: every fit of a task, from each init of `finetune.init` (the pretrained
-encoder, random weights, an imported checkpoint) and each seed.
+encoder, random weights, an imported checkpoint, the task-adapted encoder) and each seed.
 
 Examples are encoded once (the tokenizer of the encoder), batched by length so that short
 sentences are not padded to the longest of the split, and kept in memory (tasks are small).
@@ -88,7 +88,8 @@ def learning_rates(task: TaskConfig, cfg: FinetuneConfig) -> list[float]:
 
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
-                  encoder_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None) -> dict:
+                  encoder_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None,
+                  adapted_dir: Path | None = None) -> dict:
     """Every fit of one task (each init of `cfg.init`, each seed): test predictions and
     validation curves per fit, and the exported first fit of the first init."""
     if not (Path(encoder_dir) / "bertflow.json").exists():
@@ -100,9 +101,13 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     bert = encoder.config
     tokenizer = load_tokenizer(encoder_dir, bert)
     read_weights(Path(encoder_dir) / "model.safetensors")  # fail now, not in every fit's process
-    weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir}
+    weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir,
+               "adapted": adapted_dir}
     if "checkpoint" in cfg.init:
         _check_same_shape(checkpoint_dir, bert, encoder_dir)
+    if "adapted" in cfg.init and not (adapted_dir and (Path(adapted_dir) / "model.safetensors").exists()):
+        raise DataError(f"finetune.init has adapted, but {adapted_dir} holds no adapted encoder; "
+                        f"run the adapt stage of this task first")
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     epochs, lrs = task.epochs or cfg.epochs, learning_rates(task, cfg)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}

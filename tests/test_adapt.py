@@ -1,0 +1,82 @@
+"""Task-adaptive pretraining (stage adapt@task): the task's own text, packed, continues the encoder."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from components.core.config import AdaptConfig, FinetuneConfig, ModelConfig, PretrainConfig, TaskConfig
+from components.core.errors import DataError
+from components.data.tasks.folder import read_split
+from components.data.tasks.prepare import prepare_task
+from components.data.tokenizer import load
+from components.model.folders import read_weights
+from components.model.metadata import read_encoder_info
+from components.training.adapt import START, adapt_task, write_task_pairs
+from components.training.finetune import finetune_task
+from tests.test_finetune import _user_files
+
+REVIEWS = TaskConfig("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"})
+SMALL = AdaptConfig(steps=4, lr=1e-3, batch_size=8, max_seq_len=32)
+PRETRAIN = PretrainConfig(accelerator="cpu", val_every_steps=2)
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapt")
+    _user_files(root / "user")
+    prepare_task("reviews", REVIEWS, root, root / "packages", root / "tasks" / "reviews")
+    return root / "tasks" / "reviews"
+
+
+def test_the_train_and_validation_text_is_packed_in_order_without_labels_or_test(reviews, tiny_encoder,
+                                                                                   tmp_path):
+    counts = write_task_pairs(reviews, "classification", tiny_encoder, 32, 8, tmp_path / "pairs")
+    tok = load(tiny_encoder)
+    special = {tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")}
+    for split, folder in (("train", "train"), ("valid", "heldout")):
+        table = pq.read_table(tmp_path / "pairs" / folder / "part-00000.parquet")
+        assert counts[folder]["sequences"] == table.num_rows
+        assert set(table["next_sentence_label"].to_pylist()) == {-1}  # no pair objective
+        packed = [t for row in table["input_ids"].to_pylist() for t in row if t not in special]
+        texts = read_split(reviews, split)["text"].to_pylist()
+        assert packed == [t for e in tok.encode_batch(texts, add_special_tokens=False) for t in e.ids]
+        assert all(len(row) <= 32 for row in table["input_ids"].to_pylist())
+    too_many = counts["heldout"]["sequences"] + 1
+    with pytest.raises(DataError, match=rf"the valid split of .* packs into {too_many - 1} sequences "
+                                        rf".* \(adapt.batch_size={too_many}\)"):
+        write_task_pairs(reviews, "classification", tiny_encoder, 32, too_many, tmp_path / "again")
+
+
+@pytest.mark.slow
+def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews, tiny_encoder, tmp_path):
+    out = tmp_path / "adapted"
+    stats = adapt_task(SMALL, True, REVIEWS, ModelConfig(), PRETRAIN, reviews, tiny_encoder, out,
+                       tmp_path / "work")
+    assert stats["adapted"] and stats["steps"] == 4 and stats["init_from"] == START
+    # Held-out MLM before (the encoder as it came) and after: the start is measured.
+    assert "start_mlm_accuracy" in stats and stats["mlm_accuracy"] is not None
+    info = read_encoder_info(out)
+    assert info.init_from == START and info.config == read_encoder_info(tiny_encoder).config
+    before, after = read_weights(tiny_encoder / "model.safetensors"), read_weights(out / "model.safetensors")
+    assert before.keys() == after.keys()  # every head carried on, none started fresh
+    assert not torch.equal(before["bert.encoder.layer.0.attention.self.query.weight"],
+                           after["bert.encoder.layer.0.attention.self.query.weight"])
+    assert not (tmp_path / "work" / "pairs").exists()  # the packed text was scratch space
+
+    cfg = FinetuneConfig(tasks={"reviews": REVIEWS}, seeds=[1], init=["pretrained", "adapted"], lr=3e-3,
+                         lr_grid=[], epochs=1, batch_size=16)
+    fits = finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model",
+                         adapted_dir=out)["fits"]
+    assert set(fits) == {"pretrained-s1", "adapted-s1"}
+
+
+def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tiny_encoder, tmp_path):
+    out = tmp_path / "adapted"
+    assert adapt_task(SMALL, False, REVIEWS, ModelConfig(), PRETRAIN, reviews, tiny_encoder, out,
+                      tmp_path / "work") == {"adapted": False}
+    assert [p.name for p in out.iterdir()] == ["bertflow.json"]
+    cfg = FinetuneConfig(tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"], lr_grid=[])
+    with pytest.raises(DataError, match="holds no adapted encoder; run the adapt stage"):
+        finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model", adapted_dir=out)
