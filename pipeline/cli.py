@@ -472,6 +472,30 @@ def compare(
 
 
 @app.command()
+def probe(
+    encoder: Annotated[Path | None, typer.Argument(help="An encoder folder (default: the pretrain "
+                                                        "stage's).")] = None,
+    seeds: Annotated[list[int] | None, typer.Option("--seed", help="A seed (repeat the option for "
+                                                                   "more; default 1).")] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Score an encoder in a few minutes on validation splits (trec-6, movie-sentiment,
+    conll2003-ner, news-order samples), to choose a pretraining recipe by what it buys."""
+    import json
+    import tempfile
+
+    from components.core.config import load_params
+    from components.evaluation.probe import probe as run_probe
+
+    p = load_params(params)
+    root = params.resolve().parent
+    encoder = encoder or root / p.paths.models / "encoder"
+    with tempfile.TemporaryDirectory(prefix="bertflow-probe-") as work:
+        scores = run_probe(encoder, p.finetune.tasks, p.finetune, root / p.paths.tasks, Path(work), seeds)
+    typer.echo(json.dumps(scores, indent=2))
+
+
+@app.command()
 def ui(
     port: Annotated[int, typer.Option(help="The port.")] = 5000,
     host: Annotated[str, typer.Option(help="The interface (loopback: this machine only).")] = "127.0.0.1",

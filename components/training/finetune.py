@@ -92,15 +92,8 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
                   adapted_dir: Path | None = None) -> dict:
     """Every fit of one task (each init of `cfg.init`, each seed): test predictions and
     validation curves per fit, and the exported first fit of the first init."""
-    if not (Path(encoder_dir) / "bertflow.json").exists():
-        raise DataError(f"{encoder_dir}: no pretrained encoder; run the pretrain stage first")
-    meta = read_meta(task_dir)
-    if meta["kind"] != task.kind:
-        raise DataError(f"{task_dir}: holds {meta['kind']} data, but task {name} is {task.kind}")
-    encoder = read_encoder_info(encoder_dir)
+    meta, encoder, tokenizer = _open(name, task, task_dir, encoder_dir)
     bert = encoder.config
-    tokenizer = load_tokenizer(encoder_dir, bert)
-    read_weights(Path(encoder_dir) / "model.safetensors")  # fail now, not in every fit's process
     weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir,
                "adapted": adapted_dir}
     if "checkpoint" in cfg.init:
@@ -111,10 +104,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
     epochs, lrs = task.epochs or cfg.epochs, learning_rates(task, cfg)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
-    encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
-                         cfg.label_subwords, task.max_span_words, meta.get("scheme", ""),
-                         task.chunk_overlap)
-               for s, t in splits.items()}
+    encoded = _encode(splits, task, cfg, tokenizer, meta, max_len)
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
                    "epochs": epochs,
@@ -152,6 +142,51 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
         stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
+
+
+def probe_fits(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path, encoder_dir: Path,
+               work_dir: Path, train_examples: int = 0, seed: int = 0) -> list[dict]:
+    """Validation only, to compare encoders: a fit per seed of `cfg.seeds` from the encoder in
+    `encoder_dir` at the task's first rate, on at most `train_examples` training examples (a
+    seeded sample; 0: all). The test split is not read and nothing is exported; each summary
+    has the fit's best validation metric, steps and minutes."""
+    meta, encoder, tokenizer = _open(name, task, task_dir, encoder_dir)
+    max_len = min(task.max_seq_len or cfg.max_seq_len, encoder.config.max_position)
+    splits = {s: read_split(task_dir, s) for s in ("train", "valid")}
+    if 0 < train_examples < splits["train"].num_rows:
+        rows = np.sort(np.random.default_rng(seed).permutation(splits["train"].num_rows)[:train_examples])
+        splits["train"] = splits["train"].take(rows)
+    shared = TaskFits(name, task, cfg, encoder.config, meta["labels"], meta.get("scheme", ""),
+                      Path(encoder_dir), {"pretrained": Path(encoder_dir)}, Path(work_dir),
+                      _encode(splits, task, cfg, tokenizer, meta, max_len), splits["valid"], max_len,
+                      task.epochs or cfg.epochs)
+    jobs = [Job("pretrained", s, learning_rates(task, cfg)[0], trial=True) for s in cfg.seeds]
+    try:
+        summaries = _run(shared, jobs, worker_count(cfg.workers, len(jobs)), f"probe {name}")
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)  # the trials' weights: nothing to keep
+    return [{k: t[k] for k in ("seed", "lr", "steps", "best_val_metric", "minutes")} for t in summaries]
+
+
+def _open(name: str, task: TaskConfig, task_dir: Path, encoder_dir: Path):
+    """The task's meta.json, the encoder's record and its tokenizer, checked against each other."""
+    if not (Path(encoder_dir) / "bertflow.json").exists():
+        raise DataError(f"{encoder_dir}: no pretrained encoder; run the pretrain stage first")
+    meta = read_meta(task_dir)
+    if meta["kind"] != task.kind:
+        raise DataError(f"{task_dir}: holds {meta['kind']} data, but task {name} is {task.kind}")
+    encoder = read_encoder_info(encoder_dir)
+    tokenizer = load_tokenizer(encoder_dir, encoder.config)
+    read_weights(Path(encoder_dir) / "model.safetensors")  # fail now, not in every fit's process
+    return meta, encoder, tokenizer
+
+
+def _encode(splits: dict[str, pa.Table], task: TaskConfig, cfg: FinetuneConfig, tokenizer, meta: dict,
+            max_len: int) -> dict[str, list[Encoded]]:
+    """Each split's examples, encoded once for every fit."""
+    return {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text, cfg.label_subwords,
+                      task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
+            for s, t in splits.items()}
 
 
 def _run(shared: TaskFits, jobs: list[Job], workers: int, desc: str) -> list[dict]:
