@@ -252,3 +252,56 @@ def test_a_terminated_stage_is_a_failed_run_and_leaves_no_process_or_output(stag
     assert not alive
     with project_lock(tmp_path):  # free
         pass
+
+
+@pytest.mark.slow
+def test_electra_trains_both_losses_and_its_discriminator_loads_in_transformers(stages_dir, pairs_out,
+                                                                                 tmp_path):
+    from mlflow.tracking import MlflowClient
+    from transformers import BertModel, ElectraConfig, ElectraForPreTraining
+
+    from components.model.build import build_model
+    from components.model.config import BertConfig
+    from components.model.hf_layout import load_hf_state_dict
+
+    params = _project(tmp_path / "electra", stages_dir, pairs_out[0], objective="electra", max_steps=60,
+                      val_every_steps=30, short_seq_steps=20)
+    run_cli("bertflow", "stage", "pretrain", "-p", str(params), cwd=params.parent)
+    stats = json.loads((params.parent / "metrics" / "pretrain_stats.json").read_text())
+    assert stats["objective"] == "electra" and stats["steps"] == 60
+    # The generator replaces some of the masked tokens (not all: some samples are the original)
+    # and the discriminator judges every token.
+    replaced = stats["replaced_fraction"]
+    assert 0 < replaced < 0.15 and stats["rtd_accuracy"] > 1 - replaced - 0.05
+    assert 0 < stats["generator_parameters"] < stats["parameters"]
+    client = MlflowClient(f"sqlite:///{params.parent / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])[0]
+    logged = set(run.data.metrics)
+    assert {"train/mlm_loss", "train/rtd_loss", "val/rtd_accuracy", "val/mlm_accuracy"} <= logged
+
+    # The export is the discriminator: a BertModel to transformers (no missing keys, the same
+    # hidden states), its RTD head ElectraForPreTraining's (the same logits).
+    export = params.parent / "data" / "models" / "encoder"
+    weights = _weights(export)
+    assert not any(k.startswith("cls.predictions") for k in weights)  # no MLM head, no generator
+    hf, info = BertModel.from_pretrained(export, output_loading_info=True)
+    assert not info["missing_keys"]
+    cfg = BertConfig(**json.loads((export / "bertflow.json").read_text())["config"])
+    assert cfg.rtd
+    ours = build_model(cfg)
+    load_hf_state_dict(ours, weights)
+    ours.eval()
+    ids = torch.randint(5, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    types, mask = torch.zeros_like(ids), torch.ones_like(ids)
+    with torch.no_grad():
+        hidden = ours.encoder(ids, types, mask)
+        assert (hidden - hf.eval()(input_ids=ids, token_type_ids=types).last_hidden_state).abs().max() <= 1e-4
+        electra = ElectraForPreTraining(ElectraConfig(
+            vocab_size=cfg.vocab_size, embedding_size=cfg.hidden, hidden_size=cfg.hidden,
+            num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
+            max_position_embeddings=cfg.max_position, layer_norm_eps=cfg.layer_norm_eps)).eval()
+        renamed = {k.replace("bert.", "electra.", 1): v for k, v in weights.items()}
+        missing, _ = electra.load_state_dict(renamed, strict=False)
+        assert not missing
+        theirs = electra(input_ids=ids, token_type_ids=types).logits  # (B, T)
+        assert (ours.rtd(hidden) - theirs).abs().max() <= 1e-4

@@ -231,6 +231,13 @@ class PretrainConfig:
     frozen), so fresh heads don't send noise into pretrained weights. Equal to max_steps: only
     the heads train, the control that tells their learning from the encoder's."""
 
+    objective: Literal["mlm", "electra"] = "mlm"
+    """`mlm`: BERT's masked LM; `electra`: replaced-token detection, a small generator fills the
+    masked positions and the encoder learns from every token whether it was replaced."""
+    generator_fraction: float = 0.25
+    """ELECTRA: the generator's width as a fraction of the encoder's (same depth, shared embeddings)."""
+    rtd_weight: float = 50.0
+    """ELECTRA: weight of the replaced-token loss against the generator's MLM loss (the paper's lambda)."""
     mlm_probability: float = 0.15
     """Share of non-special tokens selected for prediction."""
     max_predictions_per_seq: int = 20
@@ -619,6 +626,10 @@ def check(p: Params, where: str) -> None:
          "pretrain.short_seq_len", "must be 0 (off) or between 8 and pairs.max_seq_len"),
         (not p.pretrain.span_boundary_objective or p.pretrain.masking == "span",
          "pretrain.span_boundary_objective", "needs pretrain.masking: span"),
+        (p.pretrain.objective == "mlm" or not p.pretrain.span_boundary_objective,
+         "pretrain.span_boundary_objective", "is an MLM objective; not with pretrain.objective: electra"),
+        (0 < p.pretrain.generator_fraction <= 1, "pretrain.generator_fraction", "must be in (0, 1]"),
+        (p.pretrain.rtd_weight > 0, "pretrain.rtd_weight", "must be positive"),
         (0 <= p.pretrain.head_warmup_steps <= p.pretrain.max_steps, "pretrain.head_warmup_steps",
          "must be between 0 and pretrain.max_steps"),
         (not p.pretrain.head_warmup_steps or p.pretrain.init_from, "pretrain.head_warmup_steps",

@@ -59,6 +59,9 @@ def fill_mask(enc: LoadedEncoder, text: str, top_k: int = 5) -> list[list[tuple[
     """For each [MASK] in `text`, the `top_k` tokens the MLM head predicts, with probabilities."""
     from components.data.tokenizer import MASK
 
+    if enc.model.mlm is None:
+        raise DataError("this encoder was pretrained with replaced-token detection (ELECTRA): it "
+                        "has no MLM head to fill a [MASK] with")
     mask_id = enc.tokenizer.token_to_id(MASK)
     _, ids, attention = _batch(enc, [text])
     positions = (ids[0] == mask_id).nonzero()[:, 0]  # (M,)

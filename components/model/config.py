@@ -43,6 +43,8 @@ class BertConfig:
     """Add SpanBERT's span-boundary objective head."""
     max_span: int = 10
     """Longest span the SBO head's relative position embedding covers."""
+    rtd: bool = False
+    """Pretrained as ELECTRA's discriminator: a replaced-token detection head, no MLM head."""
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:

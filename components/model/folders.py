@@ -77,7 +77,8 @@ def load_pretraining_model(folder: Path, cfg: BertConfig) -> BertForPretraining:
     if (Path(folder) / "config.json").exists():  # post-norm: transformers' names
         load_hf_state_dict(model, state)
     else:
-        state["mlm.decoder.weight"] = state["encoder.embeddings.word.weight"]
+        if not cfg.rtd:  # the tied decoder (an ELECTRA discriminator has no MLM head)
+            state["mlm.decoder.weight"] = state["encoder.embeddings.word.weight"]
         model.load_state_dict(state)
     return model
 

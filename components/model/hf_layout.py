@@ -15,9 +15,11 @@ from components.model.pretraining import BertForPretraining
 
 
 def hf_config(cfg: BertConfig) -> dict:
-    """config.json of transformers' BertForPreTraining for this shape."""
+    """config.json of transformers' BertForPreTraining for this shape; an ELECTRA discriminator
+    (no MLM head) is a BertModel to transformers, its RTD head stored under ElectraForPreTraining's
+    names beside it."""
     return {
-        "architectures": ["BertForPreTraining"],
+        "architectures": ["BertModel" if cfg.rtd else "BertForPreTraining"],
         "model_type": "bert",
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden,
@@ -55,6 +57,11 @@ def _hf_names(cfg: BertConfig) -> dict[str, str]:
         "nsp.weight": "cls.seq_relationship.weight",
         "nsp.bias": "cls.seq_relationship.bias",
     }
+    if cfg.rtd:  # ELECTRA's discriminator: its RTD head in place of the MLM head
+        names = {k: v for k, v in names.items() if not k.startswith("mlm.")}
+        names.update({f"rtd.{ours}.{p}": f"discriminator_predictions.{hf}.{p}"
+                      for ours, hf in (("dense", "dense"), ("out", "dense_prediction"))
+                      for p in ("weight", "bias")})
     block = {"attn.out": "attention.output.dense", "attn_norm": "attention.output.LayerNorm",
              "ff_in": "intermediate.dense", "ff_out": "output.dense", "ff_norm": "output.LayerNorm"}
     for i in range(cfg.layers):
@@ -71,7 +78,7 @@ def _qkv(i: int, kind: str) -> tuple[str, list[str]]:
 
 def hf_state_dict(model: BertForPretraining, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Our pretraining weights under transformers' BertForPreTraining names (q/k/v split),
-    without the heads named in `skip` (pooler, mlm, nsp)."""
+    without the heads named in `skip` (pooler, mlm, nsp, rtd)."""
     if model.cfg.norm != "post":
         raise ValueError("only post-norm encoders have a BertForPreTraining equivalent")
     ours = model.state_dict()
@@ -106,7 +113,8 @@ def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]
         for kind in ("weight", "bias"):
             fused, split = _qkv(i, kind)
             new[fused] = torch.cat([state[k] for k in split], dim=0)
-    new["mlm.decoder.weight"] = new["encoder.embeddings.word.weight"]  # the tied decoder
+    if model.mlm is not None:
+        new["mlm.decoder.weight"] = new["encoder.embeddings.word.weight"]  # the tied decoder
     _, unexpected = model.load_state_dict(new, strict=False)
     assert not unexpected, unexpected
     return fresh + (["sbo"] if model.sbo is not None else [])

@@ -1,5 +1,7 @@
 """The pretraining model: the encoder with BERT's heads, masked LM (tied to the token
-embeddings) and next-sentence prediction, plus SpanBERT's span-boundary objective as an option.
+embeddings) and next-sentence prediction, plus SpanBERT's span-boundary objective as an option;
+or, as ELECTRA's discriminator (`cfg.rtd`), a replaced-token detection head instead of the MLM
+head (the generator that makes the replacements: model/electra.py).
 
 Shapes: B batch, T sequence length, H hidden, N selected (masked) positions in the batch,
 V vocabulary.
@@ -52,32 +54,57 @@ class SpanBoundaryHead(nn.Module):
         return F.linear(h, self.decoder.weight, self.bias)  # (N, V)
 
 
+class RTDHead(nn.Module):
+    """ELECTRA's discriminator head (transformers' ElectraDiscriminatorPredictions): dense + GELU,
+    then one logit per token, "was this token replaced?"."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden, cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, 1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.dense(h))).squeeze(-1)  # (B, T, H) -> (B, T)
+
+
 class BertForPretraining(nn.Module):
-    """Encoder + pooler + MLM head (+ NSP head, + SBO head): returns the losses and what
-    the metrics need."""
+    """Encoder + pooler + MLM head or RTD head (+ NSP head, + SBO head): returns the losses and
+    what the metrics need."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.pooler = Pooler(cfg)
-        self.mlm = MLMHead(cfg, self.encoder.embeddings.word)
+        self.mlm = None if cfg.rtd else MLMHead(cfg, self.encoder.embeddings.word)
+        self.rtd = RTDHead(cfg) if cfg.rtd else None
+        self.rtd_weight = 1.0  # ELECTRA's lambda; model/electra.py sets it
         self.nsp = nn.Linear(cfg.hidden, 2)
         self.sbo = SpanBoundaryHead(cfg, self.encoder.embeddings.word) if cfg.sbo else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor, mlm_labels: torch.Tensor,
+                attention_mask: torch.Tensor, mlm_labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None,
                 sbo_left: torch.Tensor | None = None, sbo_right: torch.Tensor | None = None,
                 sbo_rel: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                position_ids: torch.Tensor | None = None,
+                rtd_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         hidden = self.encoder(input_ids, token_type_ids, attention_mask, position_ids)  # (B, T, H)
-        selected = mlm_labels != IGNORE  # (B, T)
-        targets = mlm_labels[selected]  # (N,)
-        logits = self.mlm(hidden[selected])  # (N, V)
-        out = {"mlm_loss": F.cross_entropy(logits, targets), "mlm_logits": logits,
-               "mlm_targets": targets}
-        loss = out["mlm_loss"]
+        out: dict[str, torch.Tensor] = {}
+        loss = hidden.new_zeros(())
+        if self.mlm is not None:
+            selected = mlm_labels != IGNORE  # (B, T)
+            targets = mlm_labels[selected]  # (N,)
+            logits = self.mlm(hidden[selected])  # (N, V)
+            out.update(mlm_loss=F.cross_entropy(logits, targets), mlm_logits=logits, mlm_targets=targets)
+            loss = loss + out["mlm_loss"]
+        if self.rtd is not None:
+            # rtd_labels: (B, T) 1 where the generator replaced the token; padding carries no loss.
+            real = attention_mask.bool()
+            logits = self.rtd(hidden)[real]  # (M,) over the M real tokens of the batch
+            out.update(rtd_loss=F.binary_cross_entropy_with_logits(logits, rtd_labels[real].float()),
+                       rtd_logits=logits, rtd_targets=rtd_labels[real])
+            loss = loss + self.rtd_weight * out["rtd_loss"]
         if next_sentence_label is not None:
             nsp_logits = self.nsp(self.pooler(hidden))  # (B, 2)
             if bool((next_sentence_label >= 0).any()):
@@ -87,6 +114,7 @@ class BertForPretraining(nn.Module):
             else:  # no pairs in this batch (packing, short-sequence phase): the pooler and NSP
                 loss = loss + 0.0 * nsp_logits.sum()  # head stay in the graph, as DDP requires
         if self.sbo is not None and sbo_left is not None:
+            selected, targets = mlm_labels != IGNORE, out["mlm_targets"]
             rows = selected.nonzero()[:, 0]  # (N,) batch row of each selected position
             sbo_logits = self.sbo(hidden[rows, sbo_left[selected]], hidden[rows, sbo_right[selected]],
                                   sbo_rel[selected])

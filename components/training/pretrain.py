@@ -1,4 +1,5 @@
-"""Stage `pretrain`: masked LM + NSP with Lightning, from the pairs shards to an encoder folder.
+"""Stage `pretrain`: masked LM (or ELECTRA's replaced-token detection) + the pair objective with
+Lightning, from the pairs shards to an encoder folder.
 
 From random weights (model.preset's shape, token embeddings optionally started from corpus
 vectors) or on from the checkpoint stage's output. Snapshots (Lightning's resumable files) are
@@ -27,6 +28,7 @@ from components.data.tokenizer import load
 from components.model.build import build_model
 from components.model.checkpoint import load_checkpoint
 from components.model.config import BertConfig
+from components.model.electra import ElectraForPretraining, generator_config
 from components.model.folders import write_encoder
 from components.model.masking import Masker
 from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoint_info
@@ -46,7 +48,7 @@ def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> Ber
                       heads=size.heads, intermediate=size.intermediate,
                       max_position=model.max_position, dropout=cfg.dropout, norm=model.norm,
                       sbo=cfg.masking == "span" and cfg.span_boundary_objective,
-                      position_init=cfg.position_init)
+                      position_init=cfg.position_init, rtd=cfg.objective == "electra")
 
 
 def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
@@ -63,7 +65,8 @@ def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
     log.info("pretrain: continuing %s (%d layers x %d hidden); model.preset (%s) and "
              "embedding_init do not apply", checkpoint.init_from, bert.layers, bert.hidden,
              model.preset)
-    return replace(bert, dropout=cfg.dropout, sbo=cfg.masking == "span" and cfg.span_boundary_objective)
+    return replace(bert, dropout=cfg.dropout, sbo=cfg.masking == "span" and cfg.span_boundary_objective,
+                   rtd=cfg.objective == "electra")
 
 
 def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
@@ -137,6 +140,8 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
                  f"steps" if cfg.head_warmup_steps else "")
     else:
         start = build_model(bert)
+    if cfg.objective == "electra":  # the generator always starts fresh: only the encoder is exported
+        start = ElectraForPretraining(start, generator_config(bert, cfg.generator_fraction), cfg.rtd_weight)
     module = PretrainModule(start, cfg, tuple(fresh))
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
     masker = Masker(spec)
@@ -183,6 +188,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
         return {}
     history = module.history
     final = history[-1] if history else {}
+    encoder = getattr(module.model, "disc", module.model)  # ELECTRA: the discriminator, not the generator
     stopped_by = "max_steps" if trainer.global_step >= cfg.max_steps else "max_minutes"
     if stopped_by == "max_minutes":
         log.warning("pretrain: GUARD FIRED: pretrain.max_minutes (%s) stopped training at step %d "
@@ -193,9 +199,13 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     # was like (wall minutes, a resume) goes to MLflow alone, under "this_run".
     stats = {
         "steps": trainer.global_step, "max_steps": cfg.max_steps, "stopped_by": stopped_by,
-        "tokens": module.tokens_seen, "parameters": sum(p.numel() for p in module.model.parameters()),
+        "tokens": module.tokens_seen, "parameters": sum(p.numel() for p in encoder.parameters()),
         "mlm_accuracy": final.get("val/mlm_accuracy"), "mlm_loss": final.get("val/mlm_loss"),
         "perplexity": final.get("val/perplexity"), "nsp_accuracy": final.get("val/nsp_accuracy"),
+        **({"objective": "electra", "rtd_accuracy": final.get("val/rtd_accuracy"),
+            "replaced_fraction": final.get("val/replaced_fraction"),
+            "generator_parameters": sum(p.numel() for p in module.model.gen.parameters())}
+           if cfg.objective == "electra" else {}),
         "world_size": trainer.world_size, "precision": resolve_precision(cfg.precision),
     }
     if checkpoint.init_from:
@@ -206,7 +216,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
         stats["ddp_first_batch_overlap"] = module.ddp_overlap
     stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
     # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
-    write_encoder(module.model, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
+    write_encoder(encoder, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
                                             stats, history), tokenizer_dir, out_dir)
     shutil.rmtree(snapshot_dir, ignore_errors=True)  # the export is the product; snapshots were for resuming
     # The float results depend on these two (measured: docs/reliability.md#reproducibility).

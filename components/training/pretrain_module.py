@@ -1,4 +1,4 @@
-"""Pretraining in Lightning: the module (MLM + NSP (+ SBO) steps, held-out evaluation, AdamW
+"""Pretraining in Lightning: the module (MLM or RTD + NSP (+ SBO) steps, held-out evaluation, AdamW
 with warmup and decay) and the data module that streams the pairs shards.
 
 Everything about a step is a pure function of (seed, rank, step): its batch (pretrain_data.py)
@@ -50,6 +50,9 @@ class PretrainModule(L.LightningModule):
             stats["train/nsp_loss"] = out["nsp_loss"]
         if "sbo_loss" in out:
             stats["train/sbo_loss"] = out["sbo_loss"]
+        if "rtd_loss" in out:  # ELECTRA: both losses, so a generator that stops learning shows
+            stats["train/rtd_loss"] = out["rtd_loss"]
+            stats["train/rtd_accuracy"] = ((out["rtd_logits"] > 0) == out["rtd_targets"]).float().mean()
         now = time.perf_counter()
         if self._tick is not None and self.global_step > self._tick[1]:
             stats["train/tokens_per_s"] = tokens / max(now - self._tick[0], 1e-9)
@@ -70,10 +73,16 @@ class PretrainModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val = {"correct": 0.0, "total": 0.0, "loss": 0.0, "nsp_correct": 0.0,
-                     "nsp_total": 0.0}
+                     "nsp_total": 0.0, "rtd_correct": 0.0, "rtd_total": 0.0, "replaced": 0.0}
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
+        # ELECTRA samples its replacements: the same draws at every evaluation of a batch.
+        torch.manual_seed(mix(self.cfg.seed, 1, self.global_rank, batch_idx))
         out = self.model(**{k: v for k, v in batch.items() if k != "instance_id"})
+        if "rtd_logits" in out:
+            self._val["rtd_correct"] += float(((out["rtd_logits"] > 0) == out["rtd_targets"]).sum())
+            self._val["rtd_total"] += out["rtd_targets"].numel()
+            self._val["replaced"] += float(out["rtd_targets"].sum())
         n = out["mlm_targets"].numel()
         self._val["correct"] += float((out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum())
         self._val["total"] += n
@@ -99,6 +108,9 @@ class PretrainModule(L.LightningModule):
                    "val/perplexity": math.exp(min(loss, 50))}
         if v["nsp_total"]:
             metrics["val/nsp_accuracy"] = v["nsp_correct"] / v["nsp_total"]
+        if v["rtd_total"]:  # every real token is judged; `replaced`: how many the generator changed
+            metrics["val/rtd_accuracy"] = v["rtd_correct"] / v["rtd_total"]
+            metrics["val/replaced_fraction"] = v["replaced"] / v["rtd_total"]
         self.history.append({"step": self.global_step, "tokens": self.tokens_seen, **metrics})
         return metrics
 
