@@ -1,78 +1,144 @@
-"""Pretraining recipe ablation: each recipe trained for a wall-clock budget on the default data.
+"""Pretraining recipe ablation: each recipe trained for a wall-clock budget on the default data,
+then (rows with `probe`) scored by the transfer probe on the tasks' validation splits.
 
 Every run first measures its own seconds per step (the time difference between a 20-step and
 an 80-step run, so start-up is not counted), then sets `max_steps` so that warmup and linear
-decay end within the budget, trains, and records the held-out curve.
+decay end within the budget, trains, and records the held-out curve. A recipe that changes the
+tokenizer or the pairs builds its own into DIR first (seconds).
 
-Usage:  python benchmarks/pretrain_recipes.py [--only P3 K2] [--workdir DIR]
-Needs the data stages' outputs (`bertflow run --until pairs`); S32 also needs 32-token pairs,
-which it builds into DIR. Results: DIR/<name>.json; the table is in benchmarks/RESULTS.md.
+Usage:  python benchmarks/pretrain_recipes.py [--only SOP ELECTRA] [--workdir DIR]
+Needs the data stages' outputs and the prepared tasks (`bertflow run --until task_data`).
+Results: DIR/<name>.json; the table is in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.core.config import ModelSize, load_params  # noqa: E402
+from components.core.config import ModelSize, Params, load_params  # noqa: E402
 
 TWO = {"layers": 2, "hidden": 256, "heads": 4, "intermediate": 1024}
 FOUR = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}
 PLAIN = {"embedding_init": "random", "short_seq_len": 0, "short_seq_steps": 0}
-RECIPES = {  # name: (minutes, model size, pretrain overrides, pairs max_seq_len)
-    "A": (8, FOUR, {**PLAIN, "lr": 1e-3}, 128),
-    "P1": (6, TWO, {**PLAIN, "lr": 1e-3}, 128),
-    "P2": (6, TWO, {**PLAIN, "lr": 1e-3, "position_init": "sinusoidal"}, 128),
-    "P3": (6, TWO, {**PLAIN, "lr": 1e-3, "position_init": "sinusoidal", "embedding_init": "corpus_svd"}, 128),
-    "P4": (6, TWO, {**PLAIN, "lr": 2e-3, "position_init": "sinusoidal", "embedding_init": "corpus_svd"}, 128),
-    "S32": (5, TWO, {**PLAIN, "lr": 1e-3, "embedding_init": "corpus_svd", "batch_size": 128}, 32),
-    "K2": (8, TWO, {"lr": 1e-3, "embedding_init": "corpus_svd", "short_seq_len": 32,
-                    "short_fraction": 0.6}, 128),
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One row: a budget, a shape and what differs from params.yaml."""
+
+    minutes: float
+    """Wall-clock budget of the training run (calibration not counted)."""
+    pretrain: dict
+    """Overrides of the pretrain section."""
+    size: dict = field(default_factory=lambda: TWO)
+    """The encoder's shape."""
+    pairs: dict = field(default_factory=dict)
+    """Overrides of the pairs section (mode, max_seq_len)."""
+    tokenizer: dict = field(default_factory=dict)
+    """Overrides of the tokenizer section (vocab_size, lowercase)."""
+    short_fraction: float = 0.0
+    """Share of the steps in the 32-token curriculum phase."""
+    probe: bool = False
+    """Score the encoder with the transfer probe."""
+
+
+# The rows that got pretraining out of the plateau (MLM figures only) ...
+RECIPES = {
+    "A": Recipe(8, {**PLAIN, "lr": 1e-3}, FOUR),
+    "P1": Recipe(6, {**PLAIN, "lr": 1e-3}),
+    "P2": Recipe(6, {**PLAIN, "lr": 1e-3, "position_init": "sinusoidal"}),
+    "P3": Recipe(6, {**PLAIN, "lr": 1e-3, "position_init": "sinusoidal", "embedding_init": "corpus_svd"}),
+    "P4": Recipe(6, {**PLAIN, "lr": 2e-3, "position_init": "sinusoidal", "embedding_init": "corpus_svd"}),
+    "S32": Recipe(5, {**PLAIN, "lr": 1e-3, "embedding_init": "corpus_svd", "batch_size": 128},
+                  pairs={"max_seq_len": 32}),
+    "K2": Recipe(8, {"lr": 1e-3, "embedding_init": "corpus_svd", "short_seq_len": 32}, short_fraction=0.6),
 }
+# ... and the default recipe (params.yaml) with one lever changed, 40 minutes each, probed.
+LEVERS = {
+    "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, {}),
+    "M30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {}, {}),
+    "SPAN": ({"masking": "span"}, {}, {}),
+    "V4K": ({}, {}, {"vocab_size": 4096}),
+    "V16K": ({}, {}, {"vocab_size": 16384}),
+    "CASED": ({}, {}, {"lowercase": False}),
+    "SOP": ({}, {"mode": "sop"}, {}),
+    "PACK": ({}, {"mode": "packing"}, {}),
+    "ELECTRA": ({"objective": "electra"}, {}, {}),
+}
+RECIPES.update({name: Recipe(40, pretrain, pairs=pairs, tokenizer=tok, short_fraction=0.5, probe=True)
+                for name, (pretrain, pairs, tok) in LEVERS.items()})
+
+
+def _key(*parts: object) -> str:
+    return hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=4).hexdigest()
+
+
+def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
+    """The tokenizer and pairs folders the recipe trains on: the pipeline's own, or built in
+    `work` when the recipe changes them."""
+    from components.data.pairs import make_pairs
+    from components.data.tokenizer import train_tokenizer
+
+    tokenizer, pairs = ROOT / p.paths.tokenizer, ROOT / p.paths.pairs
+    if recipe.tokenizer:
+        tokenizer = work / f"tokenizer-{_key(recipe.tokenizer)}"
+        if not tokenizer.exists():
+            train_tokenizer(dataclasses.replace(p.tokenizer, **recipe.tokenizer), ROOT / p.paths.clean,
+                            tokenizer, max_len=p.model.max_position)
+    if recipe.tokenizer or recipe.pairs:
+        pairs = work / f"pairs-{_key(recipe.tokenizer, recipe.pairs)}"
+        if not pairs.exists():
+            make_pairs(dataclasses.replace(p.pairs, **recipe.pairs), p.executor, ROOT / p.paths.clean,
+                       tokenizer, pairs)
+    return tokenizer, pairs
 
 
 def train(work: Path, name: str) -> dict:
-    from components.data.pairs import make_pairs
     from components.training.pretrain import pretrain
 
-    minutes, size, over, seq = RECIPES[name]
+    recipe = RECIPES[name]
     p = load_params(ROOT / "params.yaml")
-    presets = {**p.model.presets, "probe": ModelSize(**size)}
+    presets = {**p.model.presets, "probe": ModelSize(**recipe.size)}
     model = dataclasses.replace(p.model, preset="probe", presets=presets)
-    pairs = ROOT / p.paths.pairs
-    if seq != p.pairs.max_seq_len:
-        pairs = work / f"pairs{seq}"
-        if not pairs.exists():
-            make_pairs(dataclasses.replace(p.pairs, max_seq_len=seq), p.executor, ROOT / p.paths.clean,
-                       ROOT / p.paths.tokenizer, pairs)
-    fraction = over.get("short_fraction", 0.0)
-    over = {k: v for k, v in over.items() if k != "short_fraction"}
+    tokenizer, pairs = data_for(p, recipe, work)
+    over = recipe.pretrain
     quiet = {"val_every_steps": 10**9, "snapshot_every_steps": 10**9, "log_every_steps": 10**9}
 
     def run(steps: int, **extra) -> tuple[float, dict]:
         cfg = dataclasses.replace(p.pretrain, **{**over, **quiet, "max_steps": steps, **extra})
         start = time.perf_counter()
-        stats = pretrain(model, cfg, pairs, ROOT / p.paths.tokenizer, work / f"{name}-export",
-                         work / "checkpoints")
+        stats = pretrain(model, cfg, pairs, tokenizer, work / f"{name}-export", work / "checkpoints")
         return time.perf_counter() - start, stats
 
     short = {"warmup_steps": 0, "short_seq_steps": 0}
     per_step = (run(80, **short)[0] - run(20, **short)[0]) / 60
-    steps = int(minutes * 60 / per_step * 0.97)
-    wall, stats = run(steps, warmup_steps=max(1, steps // 10), short_seq_steps=int(steps * fraction),
-                      val_every_steps=max(1, steps // 8), max_minutes=minutes * 1.5)
-    result = {**stats, "recipe": name, "minutes_budget": minutes, "per_step_s": per_step,
-              "wall_minutes": wall / 60, "config": {"size": size, "pretrain": over, "seq": seq,
-                                                    "short_fraction": fraction}}
+    steps = int(recipe.minutes * 60 / per_step * 0.97)
+    wall, stats = run(steps, warmup_steps=max(1, steps // 10),
+                      short_seq_steps=int(steps * recipe.short_fraction),
+                      val_every_steps=max(1, steps // 8), max_minutes=recipe.minutes * 1.5)
+    result = {**stats, "recipe": name, "minutes_budget": recipe.minutes, "per_step_s": per_step,
+              "wall_minutes": wall / 60, "config": dataclasses.asdict(recipe)}
+    if recipe.probe:
+        result["probe"] = probe_encoder(p, work / f"{name}-export", work / "probe")
     (work / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def probe_encoder(p: Params, encoder: Path, work: Path) -> dict:
+    """The transfer probe's validation scores of an encoder (components/evaluation/probe.py)."""
+    from components.evaluation.probe import probe
+
+    return probe(encoder, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work)
 
 
 def main() -> None:
@@ -83,8 +149,9 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     for name in args.only:
         r = train(args.workdir, name)
+        probed = f", probe mean {r['probe']['mean']:.3f}" if "probe" in r else ""
         print(f"{name}: held-out MLM accuracy {r['mlm_accuracy']:.3f}, loss {r['mlm_loss']:.3f}, "
-              f"{r['tokens']:,} tokens in {r['wall_minutes']:.1f} min", flush=True)
+              f"{r['tokens']:,} tokens in {r['wall_minutes']:.1f} min{probed}", flush=True)
 
 
 if __name__ == "__main__":
