@@ -135,8 +135,8 @@ def train(work: Path, name: str) -> dict:
 
 
 def probe_encoder(p: Params, encoder: Path, work: Path) -> dict:
-    """The transfer probe's validation scores of an encoder (components/evaluation/probe.py)."""
-    from components.evaluation.probe import probe
+    """The transfer probe's validation scores of an encoder (components.training.probe.py)."""
+    from components.training.probe import probe
 
     return probe(encoder, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work)
 

@@ -485,7 +485,7 @@ def probe(
     import tempfile
 
     from components.core.config import load_params
-    from components.evaluation.probe import probe as run_probe
+    from components.training.probe import probe as run_probe
 
     p = load_params(params)
     root = params.resolve().parent

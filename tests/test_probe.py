@@ -7,7 +7,7 @@ import pytest
 from components.core.config import FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError
 from components.data.tasks.prepare import prepare_task
-from components.evaluation.probe import PROBE, probe
+from components.training.probe import PROBE, probe
 from tests.test_finetune import _user_files
 
 # The probe's task names, played by the small user files of test_finetune.
