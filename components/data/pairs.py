@@ -95,14 +95,20 @@ def _owes_positive(cfg: PairsConfig, counts: Counter) -> bool:
     return False
 
 
+def _target_length(cfg: PairsConfig, rng: random.Random) -> tuple[int, int]:
+    """Google's per-document lengths: the most tokens A and B may hold ([CLS] and two [SEP]
+    aside), and the target, with `short_seq_prob` a random shorter one."""
+    max_num_tokens = cfg.max_seq_len - 3
+    if rng.random() < cfg.short_seq_prob:
+        return max_num_tokens, rng.randint(2, max_num_tokens)
+    return max_num_tokens, max_num_tokens
+
+
 def instances_from_document(docs: list[Document], index: int, cfg: PairsConfig,
                             rng: random.Random, counts: Counter) -> list[Instance]:
     """Google's create_instances_from_document for document `index` of `docs`."""
     document = docs[index]
-    max_num_tokens = cfg.max_seq_len - 3  # [CLS], [SEP], [SEP]
-    target_seq_length = max_num_tokens
-    if rng.random() < cfg.short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    max_num_tokens, target_seq_length = _target_length(cfg, rng)
     instances: list[Instance] = []
     chunk: list[list[int]] = []
     chunk_length = 0
@@ -150,10 +156,7 @@ def instances_from_document(docs: list[Document], index: int, cfg: PairsConfig,
 def sop_instances_from_document(document: Document, cfg: PairsConfig, rng: random.Random,
                                 counts: Counter) -> list[Instance]:
     """Sentence-order instances of one document: Google's chunks, in order or swapped."""
-    max_num_tokens = cfg.max_seq_len - 3  # [CLS], [SEP], [SEP]
-    target_seq_length = max_num_tokens
-    if rng.random() < cfg.short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    max_num_tokens, target_seq_length = _target_length(cfg, rng)
     instances: list[Instance] = []
     chunk: list[list[int]] = []
     chunk_length = 0
