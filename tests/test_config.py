@@ -117,6 +117,9 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("finetune.lr_grid", [0.001, 0.001], "finetune.lr_grid: must hold distinct positive learning rates"),
     ("finetune.init", ["pretrained", "checkpoint"], "finetune.init: has checkpoint, which needs "
                                                     "pretrain.init_from"),
+    ("adapt.steps", 0, "adapt.steps: must be at least 1"),
+    ("adapt.max_seq_len", 4, "adapt.max_seq_len: must be between 8 and model.max_position (512)"),
+    ("pretrain.generator_fraction", 0, "pretrain.generator_fraction: must be in (0, 1]"),
     ("pretrain.beta1", 1.5, "pretrain.beta1: must be in [0, 1)"),
     ("pretrain.val_every_steps", 0, "pretrain.val_every_steps: must be at least 1"),
     ("pretrain.max_predictions_per_seq", 0, "pretrain.max_predictions_per_seq: must be at least 1"),
@@ -145,6 +148,7 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     ({"chunk_overlap": 126}, "finetune.tasks.bbc-news.chunk_overlap: must be at least 0 and below "
                              "the window (max_seq_len - 2 subwords)"),
     ({"chunk_overlap": 62, "max_seq_len": 64}, "finetune.tasks.bbc-news.chunk_overlap: must be"),
+    ({"patience": -1}, "finetune.tasks.bbc-news.patience: must be 0 (finetune.patience) or more"),
 ])
 def test_a_bad_task_rate_or_window_overlap_is_named(tmp_path, setting, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -341,6 +341,8 @@ class TaskConfig:
     """long_text chunks: subwords that consecutive windows share."""
     epochs: int = 0
     """Maximum epochs; 0 takes finetune.epochs."""
+    patience: int = 0
+    """Validation passes without improvement before early stopping; 0 takes finetune.patience."""
     lr: float = 0.0
     """Peak learning rate; 0 takes finetune.lr (or finetune.lr_grid)."""
     lr_grid: list[float] = field(default_factory=list)
@@ -670,6 +672,7 @@ def check(p: Params, where: str) -> None:
             (t.max_span_words >= 1, f"{key}.max_span_words", "must be at least 1"),
             (t.epochs >= 0 and t.max_train_examples >= 0, f"{key}.epochs",
              "epochs and max_train_examples must not be negative"),
+            (t.patience >= 0, f"{key}.patience", "must be 0 (finetune.patience) or more"),
             (t.lr >= 0, f"{key}.lr", "must be 0 (finetune.lr) or positive"),
             (_rates(t.lr_grid), f"{key}.lr_grid", "must hold distinct positive learning rates"),
             (not (t.lr and t.lr_grid), f"{key}.lr_grid", "set lr or lr_grid, not both"),

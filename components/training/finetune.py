@@ -230,7 +230,7 @@ def fit(spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | No
         val_check_interval=interval, num_sanity_val_steps=0, limit_val_batches=1,
         gradient_clip_val=1.0, logger=False, enable_progress_bar=False, enable_model_summary=False,
         deterministic=cfg.deterministic,
-        callbacks=[best, EarlyStopping("val/metric", mode="max", patience=cfg.patience)],
+        callbacks=[best, EarlyStopping("val/metric", mode="max", patience=spec.patience)],
     )
     trainer.fit(module, train_dataloaders=DataLoader(data, batch_size=None),
                 val_dataloaders=DataLoader(Batches(valid[:1], spec.kind, 1, None), batch_size=None))
@@ -256,7 +256,7 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     init, seed = job.init, job.seed
     name = f"{init}-s{seed}"
     spec = FitSpec(task.kind, space, init, seed, shared.epochs, job.lr, task.max_span_words,
-                   task.span_decoding, shared.scheme)
+                   task.span_decoding, shared.scheme, task.patience or cfg.patience)
     start = time.perf_counter()
     if job.trained is None:
         work = shared.out / "work" / (f"{name}-lr{job.lr:g}" if job.trial else name)

@@ -31,13 +31,14 @@ class FitSpec:
 
     kind: str
     space: list[str]
-    init: str  # "pretrained", "scratch" or "checkpoint"
+    init: str  # "pretrained", "scratch", "checkpoint" or "adapted"
     seed: int
     epochs: int
     lr: float  # peak learning rate: the task's, else finetune.lr
     max_span_words: int
     span_decoding: str
     scheme: str  # token tasks: bio or plain (the metric: entity F1 or word accuracy)
+    patience: int  # validation passes without improvement before stopping: the task's, else finetune's
 
 
 def loss_of(model: torch.nn.Module, kind: str, batch: dict) -> torch.Tensor:
