@@ -9,7 +9,8 @@ tags). With several learning rates (`lr_grid`) each init first trains its first 
 rate; the rate with the best validation metric trains the other seeds, and the winning trial
 is that init's first fit (no test prediction is made for a losing trial). Each fit writes its
 test predictions to `fits/`; `evaluate@task` scores them. The first init's first seed is
-exported as the task's model (model.metadata.TaskModelInfo).
+exported as the task's model (model.metadata.TaskModelInfo). `probe_fits` trains the same fits
+on a sample, scored on validation only, for the transfer probe (training/probe.py).
 """
 
 from __future__ import annotations
