@@ -96,6 +96,6 @@ def adapt_task(cfg: AdaptConfig, enabled: bool, task: TaskConfig, model: ModelCo
              counts["train"]["sequences"], counts["heldout"]["sequences"], cfg.steps, cfg.lr)
     stats = pretrain(model, adapt_config(cfg, pretrain_cfg), pairs, encoder_dir, out_dir, work_dir,
                      checkpoint_dir=encoder_dir, mlflow_run=mlflow_run,
-                     start=CheckpointInfo(init_from=START, config=encoder.config))
+                     start_info=CheckpointInfo(init_from=START, config=encoder.config))
     shutil.rmtree(pairs, ignore_errors=True)
     return {"adapted": True, **counts, **stats}

@@ -110,12 +110,12 @@ def checked_snapshot(path: Path) -> Path:
 
 def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
              out_dir: Path, work_dir: Path, checkpoint_dir: Path | None = None,
-             mlflow_run: tuple[str, str] | None = None, start: CheckpointInfo | None = None) -> dict:
+             mlflow_run: tuple[str, str] | None = None, start_info: CheckpointInfo | None = None) -> dict:
     """Train (from nothing, or on from the checkpoint stage's output in `checkpoint_dir`),
     resuming from `work_dir`'s last snapshot of the same run, and export to `out_dir`.
 
     `mlflow_run` is (tracking URI, run id) of the stage's MLflow run, which Lightning's
-    MLFlowLogger writes the curves into. `start` describes `checkpoint_dir` when it is not the
+    MLFlowLogger writes the curves into. `start_info` describes `checkpoint_dir` when it is not the
     checkpoint stage's output (the adapt stage continues an exported encoder).
     """
     import lightning as L
@@ -125,8 +125,8 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     vocab_size = load(tokenizer_dir).get_vocab_size()
     if cfg.init_from and checkpoint_dir is None:
         raise ConfigError("pretrain.init_from is set: pretraining needs the checkpoint stage's output")
-    checkpoint = start or (read_checkpoint_info(checkpoint_dir, cfg.init_from) if checkpoint_dir is not None
-                           else CheckpointInfo(init_from=""))
+    checkpoint = start_info or (read_checkpoint_info(checkpoint_dir, cfg.init_from)
+                                if checkpoint_dir is not None else CheckpointInfo(init_from=""))
     bert = start_config(model, cfg, vocab_size, checkpoint)
     snapshot_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir, checkpoint)
     last = snapshot_dir / "last.ckpt"
