@@ -103,7 +103,7 @@ def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
     return tokenizer, pairs
 
 
-def train(work: Path, name: str) -> dict:
+def train(work: Path, name: str, steps: int | None = None) -> dict:
     from components.training.pretrain import pretrain
 
     recipe = RECIPES[name]
@@ -120,12 +120,15 @@ def train(work: Path, name: str) -> dict:
         stats = pretrain(model, cfg, pairs, tokenizer, work / f"{name}-export", work / "checkpoints")
         return time.perf_counter() - start, stats
 
-    short = {"warmup_steps": 0, "short_seq_steps": 0}
-    per_step = (run(80, **short)[0] - run(20, **short)[0]) / 60
-    steps = int(recipe.minutes * 60 / per_step * 0.97)
+    # The budget is minutes; a row's step count (in its JSON) reproduces it exactly via --steps.
+    per_step, guard = None, 0.0  # given steps run to the end: the guard would change the model
+    if steps is None:
+        short = {"warmup_steps": 0, "short_seq_steps": 0}
+        per_step = (run(80, **short)[0] - run(20, **short)[0]) / 60
+        steps, guard = int(recipe.minutes * 60 / per_step * 0.97), recipe.minutes * 1.5
     wall, stats = run(steps, warmup_steps=max(1, steps // 10),
                       short_seq_steps=int(steps * recipe.short_fraction),
-                      val_every_steps=max(1, steps // 8), max_minutes=recipe.minutes * 1.5)
+                      val_every_steps=max(1, steps // 8), max_minutes=guard)
     result = {**stats, "recipe": name, "minutes_budget": recipe.minutes, "per_step_s": per_step,
               "wall_minutes": wall / 60, "config": dataclasses.asdict(recipe)}
     if recipe.probe:
@@ -145,10 +148,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertflow-recipes"))
+    parser.add_argument("--steps", type=int, help="Train this many steps instead of calibrating "
+                        "the minutes budget (to reproduce a row).")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        r = train(args.workdir, name)
+        r = train(args.workdir, name, args.steps)
         probed = f", probe mean {r['probe']['mean']:.3f}" if "probe" in r else ""
         print(f"{name}: held-out MLM accuracy {r['mlm_accuracy']:.3f}, loss {r['mlm_loss']:.3f}, "
               f"{r['tokens']:,} tokens in {r['wall_minutes']:.1f} min{probed}", flush=True)
