@@ -10,10 +10,11 @@ import torch
 
 def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
           betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-          fused: bool = False) -> torch.optim.AdamW:
+          fused: bool = True) -> torch.optim.AdamW:
     """AdamW without weight decay on biases and LayerNorm parameters (the 1-d ones), as BERT.
-    `fused`: torch's one-kernel update (CPU and CUDA) instead of its CPU default, a loop over
-    the parameters (benchmarks/RESULTS.md, "Optimizer step")."""
+    `fused`: torch's one-kernel update (CPU and CUDA) rather than its CPU default, a loop over
+    the parameters that took a tenth of a fine-tuning step (benchmarks/RESULTS.md, "Optimizer
+    step"); False is that loop, for the benchmark."""
     params = list(params)
     return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],

@@ -131,8 +131,6 @@ class FinetuneModule(L.LightningModule):
 
     def configure_optimizers(self):
         total = self.steps * self.spec.epochs
-        # Fused: a fine-tuning batch is small, and the default loop over the parameters took
-        # a tenth of its step (benchmarks/RESULTS.md, "Optimizer step").
         optimizer = adamw((p for p in self.model.parameters() if p.requires_grad), self.spec.lr,
-                          self.cfg.weight_decay, fused=True)
+                          self.cfg.weight_decay)
         return optimizer_config(optimizer, max(1, total // 10), total)
