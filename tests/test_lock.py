@@ -235,3 +235,35 @@ def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusin
     with project_lock(tmp_path):  # no --wait: it waits for the clean-up all the same
         assert time.monotonic() - begun > watchdog.GRACE_SECONDS / 2
         assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+class _KillOnRead:
+    """A tag value that sends this process SIGTERM when the run being opened reads it."""
+
+    def __str__(self) -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "read"
+
+
+def test_a_sigterm_while_a_run_is_being_opened_ends_that_run_failed(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from components.core import tracking
+    from components.core.config import TrackingConfig
+
+    def terminated(signum, frame):  # what `bertflow stage` does on SIGTERM
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            with tracking.mlflow_run(TrackingConfig(uri="sqlite:///mlflow.db"), tmp_path, "stage",
+                                     tags={"note": _KillOnRead()}):
+                pytest.fail("the body ran after a SIGTERM during the opening")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert ended.value.code == 128 + signal.SIGTERM
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["note"] == "read"
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,30 +202,61 @@ def mlflow_run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str
     the run its first attempt made instead of adding one; the tag `bertflow.attempts` counts.
     """
     c = client(cfg, root)
-    all_tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
+    handle = None
+    try:
+        with _sigterm_held():  # a run is not left RUNNING by a SIGTERM while it is being opened
+            handle = _open_run(c, cfg, root, name, parent_run_id, tags or {}, key)
+        yield handle
+    except BaseException as e:
+        if handle is not None:
+            handle.set_tags({ERROR_TAG: f"{type(e).__name__}: {e}"[:5000]})
+            c.set_terminated(handle.run_id, "FAILED")
+        raise
+    with _sigterm_held():
+        c.set_terminated(handle.run_id, "FINISHED")
+
+
+def _open_run(c, cfg: TrackingConfig, root: Path, name: str, parent_run_id: str | None,
+              tags: dict[str, Any], key: str | None) -> MlflowRun:
+    """Create the run, or reopen the one an earlier attempt with the same key made."""
+    all_tags = {k: redact(str(v)) for k, v in tags.items()}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
     exp = experiment_id(cfg, root)
     earlier = c.search_runs([exp], f"tags.`{KEY_TAG}` = '{key}'", max_results=1) if key else []
-    if earlier:
-        run_id, previous = earlier[0].info.run_id, earlier[0].data.tags
-        c.update_run(run_id, status="RUNNING")
-        if ERROR_TAG in previous:  # kept, under another name, as why it was retried
-            all_tags["bertflow.retried_after"] = previous[ERROR_TAG]
-            c.delete_tag(run_id, ERROR_TAG)
-        handle = MlflowRun(c, run_id, tracking_uri(cfg, root))
-        handle.set_tags({**all_tags, ATTEMPTS_TAG: int(previous.get(ATTEMPTS_TAG, "1")) + 1})
-    else:
+    if not earlier:
         first = {**all_tags, **({KEY_TAG: key} if key else {}), ATTEMPTS_TAG: "1"}
-        run_id = c.create_run(exp, run_name=name, tags=first).info.run_id
-        handle = MlflowRun(c, run_id, tracking_uri(cfg, root))
+        return MlflowRun(c, c.create_run(exp, run_name=name, tags=first).info.run_id,
+                         tracking_uri(cfg, root))
+    run_id, previous = earlier[0].info.run_id, earlier[0].data.tags
+    c.update_run(run_id, status="RUNNING")
+    if ERROR_TAG in previous:  # kept, under another name, as why it was retried
+        all_tags["bertflow.retried_after"] = previous[ERROR_TAG]
+        c.delete_tag(run_id, ERROR_TAG)
+    handle = MlflowRun(c, run_id, tracking_uri(cfg, root))
+    handle.set_tags({**all_tags, ATTEMPTS_TAG: int(previous.get(ATTEMPTS_TAG, "1")) + 1})
+    return handle
+
+
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """A SIGTERM that arrives inside is acted on when the block ends, by the handler that was
+    there before: a run whose row exists also has its handle, so the caller can mark it FAILED.
+    Signals reach only the main thread; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
+        yield  # (None: a handler set outside Python, which could not be put back)
+        return
+    held: list[tuple[int, Any]] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append((signum, frame)))
     try:
-        yield handle
-    except BaseException as e:
-        handle.set_tags({ERROR_TAG: f"{type(e).__name__}: {e}"[:5000]})
-        c.set_terminated(handle.run_id, "FAILED")
-        raise
-    c.set_terminated(handle.run_id, "FINISHED")
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if held:
+            if callable(previous):
+                previous(*held[0])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGTERM)
 
 
 def git_state(root: Path) -> dict[str, str]:
