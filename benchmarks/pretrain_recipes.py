@@ -68,6 +68,9 @@ LEVERS = {
     "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, {}),
     "M30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {}, {}),
     "SPAN": ({"masking": "span"}, {}, {}),
+    # Beyond the list: whole-word masking (Google's BERT release of May 2019; Cui et al.
+    # 2021) masks every piece of a word, so a word is never guessed from its own other pieces.
+    "WWM": ({"masking": "whole_word"}, {}, {}),
     "V4K": ({}, {}, {"vocab_size": 4096}),
     "V16K": ({}, {}, {"vocab_size": 16384}),
     "CASED": ({}, {}, {"lowercase": False}),
