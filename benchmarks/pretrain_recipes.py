@@ -77,6 +77,8 @@ LEVERS = {
     "SOP": ({}, {"mode": "sop"}, {}),
     "PACK": ({}, {"mode": "packing"}, {}),
     "ELECTRA": ({"objective": "electra"}, {}, {}),
+    # Two levers together, as cramming trains (no NSP, a higher masking rate): run time-matched.
+    "PACK30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {"mode": "packing"}, {}),
 }
 RECIPES.update({name: Recipe(40, pretrain, pairs=pairs, tokenizer=tok, short_fraction=0.5, probe=True)
                 for name, (pretrain, pairs, tok) in LEVERS.items()})
