@@ -26,10 +26,14 @@ def test_the_probe_scores_validation_only_and_keeps_nothing(tiny_encoder, tmp_pa
         prepare_task(name, task, tmp_path, tmp_path / "packages", tmp_path / "tasks" / name)
         (tmp_path / "tasks" / name / "test.parquet").unlink()  # the probe must not need it
     cfg = FinetuneConfig(tasks=TASKS, lr=3e-3, lr_grid=[], epochs=2, batch_size=16, crf=False)
-    scores = probe(tiny_encoder, TASKS, cfg, tmp_path / "tasks", tmp_path / "work")
-    assert set(scores) == {*PROBE, "mean"}
+    scores = probe(tiny_encoder, TASKS, cfg, tmp_path / "tasks", tmp_path / "work", seeds=[1, 2])
+    assert set(scores) == {*PROBE, "seeds", "mean", "mean_per_seed", "mean_std"}
     assert all(0 <= scores[name]["val_metric"] <= 1 and scores[name]["steps"] > 0 for name in PROBE)
+    assert all(len(scores[name]["per_seed"]) == 2 for name in PROBE)
     assert scores["mean"] == pytest.approx(sum(scores[name]["val_metric"] for name in PROBE) / len(PROBE))
+    seed2 = sum(scores[name]["per_seed"][1] for name in PROBE) / len(PROBE)
+    assert scores["mean_per_seed"][1] == pytest.approx(seed2)
+    assert scores["mean_std"] == pytest.approx(abs(scores["mean_per_seed"][0] - seed2) / 2 ** 0.5)
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.ckpt"))
     with pytest.raises(ConfigError, match="finetune.tasks lacks news-order"):
         probe(tiny_encoder, {k: v for k, v in TASKS.items() if k != "news-order"}, cfg, tmp_path / "tasks",

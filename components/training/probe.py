@@ -6,11 +6,14 @@ first of its grid, its epochs) from the encoder, on a seeded sample of its train
 scored on its validation split. The test split is never read, so recipes can be chosen by the
 probe and the test figures still be reported once. The tasks cover what recipes trade off:
 question type (trec-6), sentiment (movie-sentiment), entities (conll2003-ner) and discourse
-order (news-order); `mean` is their unweighted mean.
+order (news-order); `mean` is their unweighted mean. With several seeds each score is the mean
+over seeds, and the per-seed values are kept: a lever has to move `mean` by more than the spread
+between seeds (`mean_std`) to count.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,13 +33,20 @@ def probe(encoder_dir: Path, tasks: dict[str, TaskConfig], cfg: FinetuneConfig, 
     if missing:
         raise ConfigError(f"probe: finetune.tasks lacks {', '.join(missing)}; the probe uses the "
                           f"built-in tasks {', '.join(PROBE)}")
-    one = replace(cfg, seeds=seeds or [1], lr_grid=[])
-    scores: dict = {}
+    seeds = seeds or [1]
+    one = replace(cfg, seeds=seeds, lr_grid=[])
+    scores: dict = {"seeds": seeds}
     for name, examples in PROBE.items():
         fits = probe_fits(name, tasks[name], one, Path(tasks_dir) / name, encoder_dir,
                           Path(work_dir) / name, examples)
-        scores[name] = {"val_metric": sum(f["best_val_metric"] for f in fits) / len(fits),
+        per_seed = [f["best_val_metric"] for f in fits]  # in `seeds` order
+        scores[name] = {"val_metric": statistics.mean(per_seed), "per_seed": per_seed,
                         "steps": fits[0]["steps"], "lr": fits[0]["lr"],
                         "minutes": sum(f["minutes"] for f in fits)}
-    scores["mean"] = sum(scores[name]["val_metric"] for name in PROBE) / len(PROBE)
+    # The four-task mean of each seed: its spread is the noise a recipe's lead must clear.
+    mean_per_seed = [statistics.mean(scores[name]["per_seed"][i] for name in PROBE)
+                     for i in range(len(seeds))]
+    scores["mean"] = statistics.mean(mean_per_seed)
+    scores["mean_per_seed"] = mean_per_seed
+    scores["mean_std"] = statistics.stdev(mean_per_seed) if len(seeds) > 1 else None
     return scores
