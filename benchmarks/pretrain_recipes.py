@@ -6,7 +6,8 @@ an 80-step run, so start-up is not counted), then sets `max_steps` so that warmu
 decay end within the budget, trains, and records the held-out curve. A recipe that changes the
 tokenizer or the pairs builds its own into DIR first (seconds).
 
-Usage:  python benchmarks/pretrain_recipes.py [--only SOP ELECTRA] [--workdir DIR]
+Usage:  python benchmarks/pretrain_recipes.py [--only SOP ELECTRA] [--workdir DIR] [--steps N]
+        [--probe-seeds 1 2 3]
 Needs the data stages' outputs and the prepared tasks (`bertflow run --until task_data`).
 Results: DIR/<name>.json; the table is in benchmarks/RESULTS.md.
 """
@@ -108,7 +109,7 @@ def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
     return tokenizer, pairs
 
 
-def train(work: Path, name: str, steps: int | None = None) -> dict:
+def train(work: Path, name: str, steps: int | None = None, probe_seeds: list[int] | None = None) -> dict:
     from components.training.pretrain import pretrain
 
     recipe = RECIPES[name]
@@ -137,16 +138,16 @@ def train(work: Path, name: str, steps: int | None = None) -> dict:
     result = {**stats, "recipe": name, "minutes_budget": recipe.minutes, "per_step_s": per_step,
               "wall_minutes": wall / 60, "config": dataclasses.asdict(recipe)}
     if recipe.probe:
-        result["probe"] = probe_encoder(p, work / f"{name}-export", work / "probe")
+        result["probe"] = probe_encoder(p, work / f"{name}-export", work / "probe", probe_seeds)
     (work / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
-def probe_encoder(p: Params, encoder: Path, work: Path) -> dict:
+def probe_encoder(p: Params, encoder: Path, work: Path, seeds: list[int] | None = None) -> dict:
     """The transfer probe's validation scores of an encoder (components.training.probe.py)."""
     from components.training.probe import probe
 
-    return probe(encoder, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work)
+    return probe(encoder, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work, seeds)
 
 
 def main() -> None:
@@ -155,10 +156,12 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertflow-recipes"))
     parser.add_argument("--steps", type=int, help="Train this many steps instead of calibrating "
                         "the minutes budget (to reproduce a row).")
+    parser.add_argument("--probe-seeds", nargs="+", type=int, default=[1],
+                        help="Fine-tuning seeds of the probe (one seed moves its mean ~half a point).")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        r = train(args.workdir, name, args.steps)
+        r = train(args.workdir, name, args.steps, args.probe_seeds)
         probed = f", probe mean {r['probe']['mean']:.3f}" if "probe" in r else ""
         print(f"{name}: held-out MLM accuracy {r['mlm_accuracy']:.3f}, loss {r['mlm_loss']:.3f}, "
               f"{r['tokens']:,} tokens in {r['wall_minutes']:.1f} min{probed}", flush=True)
