@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +33,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results import write_section  # noqa: E402
+from benchmarks.results import RESULTS, write_section  # noqa: E402
 from components.core.config import load_params  # noqa: E402
 
 SECTION = "## Fine-tuning against transformers' Trainer"
 CHECKPOINT = "all-minilm-l6-v2"
 THREADS = 2  # both sides: the cores of the reference machine
+HEADER = ("| task | bertflow test (minutes) | Trainer test (minutes) | lr: bertflow / Trainer (grid) | "
+          "validation: bertflow / Trainer | bertflow time / Trainer's | seeds; run |")
 
 
 def minilm_encoder(project: Path, packages: Path, work: Path) -> tuple[Path, Path]:
@@ -168,7 +171,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     project = args.project.resolve()
     p = load_params(ROOT / "params-minilm.yaml")  # the preset's task settings; data from --project
-    rows = []
+    rows = _rows_on_record()  # tasks not run now keep their row, each measured in one run
     with tempfile.TemporaryDirectory(prefix="finetune-vs-hf-") as tmp:
         work = Path(tmp)
         src, encoder = minilm_encoder(project, project / p.paths.packages, work)
@@ -181,23 +184,37 @@ def main() -> None:
             best = max(grid, key=lambda lr: np.mean([f["val"] for f in grid[lr]]))
             theirs = grid[best]
             ratio = np.mean([f["minutes"] for f in ours]) / np.mean([f["minutes"] for f in theirs])
-            rows.append(f"| {name} | {_cell(ours)} | {_cell(theirs)} | {ours[0]['lr']:g} / {best:g} "
-                        f"({', '.join(f'{lr:g}' for lr in args.lrs)}) | {ratio:.2f} |")
+            val = " / ".join(f"{100 * np.mean([f['val'] for f in fits]):.1f}" for fits in (ours, theirs))
+            rows[name] = (f"| {name} | {_cell(ours)} | {_cell(theirs)} | {ours[0]['lr']:g} / {best:g} "
+                          f"({', '.join(f'{lr:g}' for lr in args.lrs)}) | {val} | {ratio:.2f} | "
+                          f"{', '.join(map(str, args.seeds))}; {date.today().isoformat()} |")
     text = "\n".join([
         SECTION, "",
         "all-MiniLM-L6-v2 fine-tuned by bertflow (the MiniLM preset's task settings) and by",
         "transformers' Trainer as its guides do it (batch 16, weight decay 0.01, the best epoch kept;",
         "the learning rate chosen on validation from the grid), same splits, same epochs, "
-        f"{THREADS} threads each, one fit at a time; test score (seeds {args.seeds}) and wall",
-        "minutes a fit, data preparation, validation and test prediction included.", "",
-        "| task | bertflow test (minutes) | Trainer test (minutes) | lr: bertflow / Trainer (grid) | "
-        "bertflow time / Trainer's |",
-        "|---|---|---|---|---|",
-        *rows, "",
-        "Reproduce: `make run` (the task data), then `python benchmarks/finetune_vs_hf.py`.",
+        f"{THREADS} threads each, one fit at a time; test score and wall minutes a fit (data",
+        "preparation, validation and test prediction included), validation score, the seeds and",
+        "the day of the row's run (each row is one run of the command, both sides in it).", "",
+        HEADER, "|---|---|---|---|---|---|---|",
+        *rows.values(), "",
+        "Where bertflow's time goes: batches of 32 examples of similar length (the guides' 16,",
+        "padded to the longest of a random draw), so an epoch is half the steps, each on less padding.",
+        "",
+        "Reproduce a row: `make run` (the task data), then",
+        "`python benchmarks/finetune_vs_hf.py --tasks TASK` (the others' rows stay as they are).",
     ])
     write_section(text)
     print(text)
+
+
+def _rows_on_record() -> dict[str, str]:
+    """The section's table rows in RESULTS.md, by task (those of this header only)."""
+    old = RESULTS.read_text() if RESULTS.exists() else ""
+    if SECTION not in old or HEADER not in old.split(SECTION, 1)[1].split("\n## ", 1)[0]:
+        return {}
+    table = old.split(SECTION, 1)[1].split(HEADER, 1)[1].split("\n\n", 1)[0]
+    return {line.split("|")[1].strip(): line for line in table.splitlines()[1:] if line.startswith("| ")}
 
 
 def _cell(fits: list[dict]) -> str:
