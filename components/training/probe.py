@@ -33,13 +33,14 @@ def probe(encoder_dir: Path, tasks: dict[str, TaskConfig], cfg: FinetuneConfig, 
     if missing:
         raise ConfigError(f"probe: finetune.tasks lacks {', '.join(missing)}; the probe uses the "
                           f"built-in tasks {', '.join(PROBE)}")
-    seeds = seeds or [1]
+    seeds = list(dict.fromkeys(seeds or [1]))  # a repeated seed would repeat its fit
     one = replace(cfg, seeds=seeds, lr_grid=[])
     scores: dict = {"seeds": seeds}
     for name, examples in PROBE.items():
         fits = probe_fits(name, tasks[name], one, Path(tasks_dir) / name, encoder_dir,
                           Path(work_dir) / name, examples)
-        per_seed = [f["best_val_metric"] for f in fits]  # in `seeds` order
+        by_seed = {f["seed"]: f["best_val_metric"] for f in fits}  # fits may finish in any order
+        per_seed = [by_seed[s] for s in seeds]
         scores[name] = {"val_metric": statistics.mean(per_seed), "per_seed": per_seed,
                         "steps": fits[0]["steps"], "lr": fits[0]["lr"],
                         "minutes": sum(f["minutes"] for f in fits)}
