@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results import RESULTS, write_section  # noqa: E402
+from benchmarks.results import read_section, write_section  # noqa: E402
 from components.core.config import load_params  # noqa: E402
 
 SECTION = "## Fine-tuning against transformers' Trainer"
@@ -209,11 +209,11 @@ def main() -> None:
 
 
 def _rows_on_record() -> dict[str, str]:
-    """The section's table rows in RESULTS.md, by task (those of this header only)."""
-    old = RESULTS.read_text() if RESULTS.exists() else ""
-    if SECTION not in old or HEADER not in old.split(SECTION, 1)[1].split("\n## ", 1)[0]:
+    """The section's table rows in RESULTS.md, by task (rows under this HEADER only)."""
+    section = read_section(SECTION)
+    if HEADER not in section:
         return {}
-    table = old.split(SECTION, 1)[1].split(HEADER, 1)[1].split("\n\n", 1)[0]
+    table = section.split(HEADER, 1)[1].split("\n\n", 1)[0]
     return {line.split("|")[1].strip(): line for line in table.splitlines()[1:] if line.startswith("| ")}
 
 

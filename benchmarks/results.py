@@ -9,19 +9,34 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
+def _sections(text: str) -> tuple[str, list[str]]:
+    """What comes before the first `## ` section, and each section with its `## ` title."""
+    head, *sections = text.split("\n## ")
+    return head, ["## " + section for section in sections]
+
+
+def _title(section: str) -> str:
+    return section.splitlines()[0].strip()
+
+
+def read_section(title: str, path: Path = RESULTS) -> str:
+    """The first section titled `title` in `path` (its title line included), or "" if none."""
+    old = path.read_text() if path.exists() else ""
+    return next((sec for sec in _sections(old)[1] if _title(sec) == title.strip()), "")
+
+
 def write_section(text: str, path: Path = RESULTS) -> None:
     """Put `text` (a section: its first line is its `## ` title) in place of every section of
     that title in `path`, or at the end if there is none; the others stay as they are. The file
     is replaced atomically: a benchmark stopped midway never truncates the others' results."""
-    title = text.splitlines()[0].strip()
+    title = _title(text)
     if not title.startswith("## "):
         raise ValueError(f"a RESULTS.md section starts with its '## ' title, not {title!r}")
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    head, *sections = old.split("\n## ")
+    head, sections = _sections(path.read_text() if path.exists() else "# Benchmark results\n")
     kept, placed = [head.rstrip()], False
     for section in sections:
-        if ("## " + section.splitlines()[0]).strip() != title:
-            kept.append("## " + section.strip())
+        if _title(section) != title:
+            kept.append(section.strip())
         elif not placed:  # the first copy's place; later copies are dropped
             kept.append(text.strip())
             placed = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.results import write_section
+from benchmarks.results import read_section, write_section
 
 FILE = "# Benchmark results\n\n## Data path\n\nrows/s 10\n\n## Serving under load\n\nold 1\n"
 
@@ -36,3 +36,11 @@ def test_a_new_section_goes_last_and_copies_of_one_become_one(tmp_path):
 def test_text_without_a_title_is_refused(tmp_path):
     with pytest.raises(ValueError, match="title"):
         write_section("rows/s 20\n", tmp_path / "RESULTS.md")
+
+
+def test_a_section_is_read_back_whole_and_a_missing_one_is_empty(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text(FILE)
+    assert read_section("## Data path", path).strip() == "## Data path\n\nrows/s 10"
+    assert read_section("## Batch prediction", path) == ""
+    assert read_section("## Data path", tmp_path / "none.md") == ""
