@@ -21,7 +21,7 @@ def test_wordpiece_layout_and_specials(stages_dir):
     assert enc.tokens[0] == "[CLS]" and enc.tokens.count("[SEP]") == 2 and enc.tokens[-1] == "[SEP]"
     first_sep = enc.tokens.index("[SEP]")
     assert enc.type_ids == [0] * (first_sep + 1) + [1] * (len(enc.ids) - first_sep - 1)
-    assert enc.tokens[1] == "the"  # uncased by default
+    assert enc.tokens[1] == "The"  # cased by default
     vocab = (stages_dir / "tokenizer" / "vocab.txt").read_text().splitlines()
     assert vocab[:5] == SPECIAL_TOKENS and len(vocab) == tok.get_vocab_size()
     assert any(t.startswith("##") for t in vocab)
@@ -104,17 +104,21 @@ ODD = ["Ünïcödé àccents and naïve café", "東京タワー is tall", "x" *
        "Use the [SEP] and [MASK] tokens as words"]
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
-def test_transformers_agrees_on_held_out_text(stages_dir, tmp_path, kind):
+@pytest.mark.parametrize(("kind", "lowercase"), [("wordpiece", False), ("bpe", False), ("wordpiece", True)])
+def test_transformers_agrees_on_held_out_text(stages_dir, tmp_path, kind, lowercase):
     from transformers import AutoTokenizer
 
     from components.core.io import iter_rows
 
     folder = stages_dir / "tokenizer"
-    if kind == "bpe":
-        train_tokenizer(TokenizerConfig(kind="bpe", vocab_size=1500), stages_dir / "clean", tmp_path / "b")
+    if kind == "bpe" or lowercase:
+        train_tokenizer(TokenizerConfig(kind=kind, vocab_size=1500, lowercase=lowercase),
+                        stages_dir / "clean", tmp_path / "b")
         folder = tmp_path / "b"
     ours, hf = load(folder), AutoTokenizer.from_pretrained(folder)
+    # Uncased also strips accents, in both (transformers reads do_lower_case and strip_accents).
+    assert ours.encode("The").tokens[1] == ("the" if lowercase else "The")
+    assert ours.normalizer.normalize_str("Café") == ("cafe" if lowercase else "Café")
     sentences = [s for row in iter_rows(stages_dir / "clean" / "heldout", ("sentences",))
                  for s in row["sentences"]][:300] + ODD
     for a, b in zip(sentences[::2], sentences[1::2], strict=False):

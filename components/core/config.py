@@ -157,8 +157,8 @@ class TokenizerConfig:
     """Target vocabulary size, special tokens included."""
     min_frequency: int = 2
     """Minimum pair frequency for a merge."""
-    lowercase: bool = True
-    """Uncased model: lowercase (and strip accents) in the normaliser."""
+    lowercase: bool = False
+    """Uncased model: lowercase (and strip accents) in the normaliser; false keeps case, NER's best cue."""
     limit_alphabet: int = 1000
     """At most this many initial characters; rarer ones become [UNK]."""
 
