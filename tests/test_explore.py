@@ -71,7 +71,7 @@ def encoder_dir(tmp_path_factory) -> Path:
     ingest(IngestConfig(sources=[SourceConfig("made-up", "jsonl", "corpus.jsonl", id_field="id")]),
            root, root, root / "raw")
     clean(CleanConfig(dedup_near=False, heldout_fraction=0.1), serial, root / "raw", root / "clean")
-    train_tokenizer(TokenizerConfig(vocab_size=200), root / "clean", root / "tokenizer")
+    train_tokenizer(TokenizerConfig(vocab_size=200, lowercase=True), root / "clean", root / "tokenizer")
     make_pairs(PairsConfig(max_seq_len=64), serial, root / "clean", root / "tokenizer", root / "pairs")
     cfg = PretrainConfig(max_steps=500, warmup_steps=30, batch_size=32, lr=5e-3, short_seq_steps=0,
                          mlm_probability=0.25, val_every_steps=500, snapshot_every_steps=500,

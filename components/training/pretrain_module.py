@@ -59,8 +59,14 @@ class PretrainModule(L.LightningModule):
         self._tick = (now, self.global_step)
         self.log_dict(stats, prog_bar=False)
         if self.global_step == 0 and batch_idx == 0 and self.trainer.world_size > 1:
-            seen = self.all_gather(batch["instance_id"])  # (world, B)
-            self.ddp_overlap = len(set(seen[0].tolist()) & set(seen[1].tolist()))
+            # In the short-sequence phase a rank's batch holds as many pieces as its instances
+            # cut into, so the ranks' sizes differ: pad to the largest (-1) before gathering.
+            ids = batch["instance_id"]  # (B_rank,)
+            size = int(self.all_gather(torch.tensor(ids.numel(), device=ids.device)).max())
+            padded = torch.full((size,), -1, dtype=ids.dtype, device=ids.device)
+            padded[: ids.numel()] = ids
+            seen = self.all_gather(padded)  # (world, max B)
+            self.ddp_overlap = len((set(seen[0].tolist()) & set(seen[1].tolist())) - {-1})
         return out["loss"]
 
     def on_before_optimizer_step(self, optimizer) -> None:
