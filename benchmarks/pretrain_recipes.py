@@ -7,8 +7,9 @@ decay end within the budget, trains, and records the held-out curve. A recipe th
 tokenizer or the pairs builds its own into DIR first (seconds).
 
 Usage:  python benchmarks/pretrain_recipes.py [--only SOP ELECTRA] [--workdir DIR] [--steps N]
-        [--probe-seeds 1 2 3]
-Needs the data stages' outputs and the prepared tasks (`bertflow run --until task_data`).
+        [--probe-seeds 1 2 3] [--step-cost]
+Needs the data stages' outputs (`bertflow run --until pairs`) and the prepared tasks
+(`bertflow stage task_data@TASK` for each task of params.yaml; `make run` makes both).
 Results: DIR/<name>.json; the table is in benchmarks/RESULTS.md.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -64,22 +66,28 @@ RECIPES = {
                   pairs={"max_seq_len": 32}),
     "K2": Recipe(8, {"lr": 1e-3, "embedding_init": "corpus_svd", "short_seq_len": 32}, short_fraction=0.6),
 }
-# ... and the default recipe (params.yaml) with one lever changed, 40 minutes each, probed.
+# ... and the default recipe with one lever changed, 40 minutes each, probed. The levers were
+# measured when the default was lowercased, so each row pins that (LOWER) to stay reproducible
+# now that the default is cased (the CASED row's recipe).
+LOWER = {"lowercase": True}
 LEVERS = {
-    "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, {}),
-    "M30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {}, {}),
-    "SPAN": ({"masking": "span"}, {}, {}),
+    "BASELINE": ({}, {}, LOWER),
+    "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, LOWER),
+    "M30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {}, LOWER),
+    "SPAN": ({"masking": "span"}, {}, LOWER),
     # Beyond the issue's list: whole-word masking (Google's BERT release of May 2019; Cui et al.
     # 2021) masks every piece of a word, so a word is never guessed from its own other pieces.
-    "WWM": ({"masking": "whole_word"}, {}, {}),
-    "V4K": ({}, {}, {"vocab_size": 4096}),
-    "V16K": ({}, {}, {"vocab_size": 16384}),
+    "WWM": ({"masking": "whole_word"}, {}, LOWER),
+    "V4K": ({}, {}, {**LOWER, "vocab_size": 4096}),
+    "V16K": ({}, {}, {**LOWER, "vocab_size": 16384}),
     "CASED": ({}, {}, {"lowercase": False}),
-    "SOP": ({}, {"mode": "sop"}, {}),
-    "PACK": ({}, {"mode": "packing"}, {}),
-    "ELECTRA": ({"objective": "electra"}, {}, {}),
+    # The best lowercased lever (V16K) with casing, the best lever for NER.
+    "CASED16K": ({}, {}, {"lowercase": False, "vocab_size": 16384}),
+    "SOP": ({}, {"mode": "sop"}, LOWER),
+    "PACK": ({}, {"mode": "packing"}, LOWER),
+    "ELECTRA": ({"objective": "electra"}, {}, LOWER),
     # Two levers together, as cramming trains (no NSP, a higher masking rate): run time-matched.
-    "PACK30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {"mode": "packing"}, {}),
+    "PACK30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {"mode": "packing"}, LOWER),
     # The two levers of the best three-seed probe means, which move different tasks (casing NER,
     # packing every task a little); neither changes what a step costs.
     "CASEDPACK": ({}, {"mode": "packing"}, {"lowercase": False}),
@@ -112,7 +120,8 @@ def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
     return tokenizer, pairs
 
 
-def train(work: Path, name: str, steps: int | None = None, probe_seeds: list[int] | None = None) -> dict:
+def runner(work: Path, name: str):
+    """The params and a function that trains recipe `name` for some steps: (seconds, stats)."""
     from components.training.pretrain import pretrain
 
     recipe = RECIPES[name]
@@ -120,20 +129,30 @@ def train(work: Path, name: str, steps: int | None = None, probe_seeds: list[int
     presets = {**p.model.presets, "probe": ModelSize(**recipe.size)}
     model = dataclasses.replace(p.model, preset="probe", presets=presets)
     tokenizer, pairs = data_for(p, recipe, work)
-    over = recipe.pretrain
     quiet = {"val_every_steps": 10**9, "snapshot_every_steps": 10**9, "log_every_steps": 10**9}
 
     def run(steps: int, **extra) -> tuple[float, dict]:
-        cfg = dataclasses.replace(p.pretrain, **{**over, **quiet, "max_steps": steps, **extra})
+        cfg = dataclasses.replace(p.pretrain, **{**recipe.pretrain, **quiet, "max_steps": steps, **extra})
         start = time.perf_counter()
         stats = pretrain(model, cfg, pairs, tokenizer, work / f"{name}-export", work / "checkpoints")
         return time.perf_counter() - start, stats
 
+    return p, run
+
+
+def step_seconds(run) -> float:
+    """Seconds per full-length step: an 80-step run less a 20-step run, so start-up is not counted."""
+    short = {"warmup_steps": 0, "short_seq_steps": 0}
+    return (run(80, **short)[0] - run(20, **short)[0]) / 60
+
+
+def train(work: Path, name: str, steps: int | None = None, probe_seeds: list[int] | None = None) -> dict:
+    recipe = RECIPES[name]
+    p, run = runner(work, name)
     # The budget is minutes; a row's step count (in its JSON) reproduces it exactly via --steps.
     per_step, guard = None, 0.0  # given steps run to the end: the guard would change the model
     if steps is None:
-        short = {"warmup_steps": 0, "short_seq_steps": 0}
-        per_step = (run(80, **short)[0] - run(20, **short)[0]) / 60
+        per_step = step_seconds(run)
         steps, guard = int(recipe.minutes * 60 / per_step * 0.97), recipe.minutes * 1.5
     wall, stats = run(steps, warmup_steps=max(1, steps // 10),
                       short_seq_steps=int(steps * recipe.short_fraction),
@@ -161,14 +180,26 @@ def main() -> None:
                         "the minutes budget (to reproduce a row).")
     parser.add_argument("--probe-seeds", nargs="+", type=int, default=[1],
                         help="Fine-tuning seeds of the probe (one seed moves its mean ~half a point).")
+    parser.add_argument("--step-cost", action="store_true", help="Only time a full-length step of "
+                        "each row, side by side, as a ratio to the first row's.")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.step_cost:
+        runs = {name: runner(args.workdir, name)[1] for name in args.only}
+        timed = {name: [] for name in runs}
+        for _ in range(3):  # interleaved, so a busy spell of the machine hits every row alike
+            for name, run in runs.items():
+                timed[name].append(step_seconds(run))
+        first = statistics.median(timed[args.only[0]])
+        for name, seconds in timed.items():
+            print(f"{name}: {statistics.median(seconds):.3f} s per full-length step, "
+                  f"{statistics.median(seconds) / first:.2f}x {args.only[0]}'s", flush=True)
+        return
     for name in args.only:
         r = train(args.workdir, name, args.steps, args.probe_seeds)
         probed = f", probe mean {r['probe']['mean']:.3f}" if "probe" in r else ""
         print(f"{name}: held-out MLM accuracy {r['mlm_accuracy']:.3f}, loss {r['mlm_loss']:.3f}, "
               f"{r['tokens']:,} tokens in {r['wall_minutes']:.1f} min{probed}", flush=True)
-
 
 if __name__ == "__main__":
     main()
