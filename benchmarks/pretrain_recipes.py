@@ -172,6 +172,20 @@ def probe_encoder(p: Params, encoder: Path, work: Path, seeds: list[int] | None 
     return probe(encoder, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work, seeds)
 
 
+def compare_step_cost(work: Path, names: list[str]) -> None:
+    """Print each row's seconds per full-length step, median of 3 interleaved timings (a busy spell
+    of the machine hits every row alike), and its ratio to the first row's."""
+    runs = {name: runner(work, name)[1] for name in names}
+    timed = {name: [] for name in runs}
+    for _ in range(3):
+        for name, run in runs.items():
+            timed[name].append(step_seconds(run))
+    first = statistics.median(timed[names[0]])
+    for name, seconds in timed.items():
+        print(f"{name}: {statistics.median(seconds):.3f} s per full-length step, "
+              f"{statistics.median(seconds) / first:.2f}x {names[0]}'s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(RECIPES), choices=list(RECIPES))
@@ -185,21 +199,14 @@ def main() -> None:
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.step_cost:
-        runs = {name: runner(args.workdir, name)[1] for name in args.only}
-        timed = {name: [] for name in runs}
-        for _ in range(3):  # interleaved, so a busy spell of the machine hits every row alike
-            for name, run in runs.items():
-                timed[name].append(step_seconds(run))
-        first = statistics.median(timed[args.only[0]])
-        for name, seconds in timed.items():
-            print(f"{name}: {statistics.median(seconds):.3f} s per full-length step, "
-                  f"{statistics.median(seconds) / first:.2f}x {args.only[0]}'s", flush=True)
+        compare_step_cost(args.workdir, args.only)
         return
     for name in args.only:
         r = train(args.workdir, name, args.steps, args.probe_seeds)
         probed = f", probe mean {r['probe']['mean']:.3f}" if "probe" in r else ""
         print(f"{name}: held-out MLM accuracy {r['mlm_accuracy']:.3f}, loss {r['mlm_loss']:.3f}, "
               f"{r['tokens']:,} tokens in {r['wall_minutes']:.1f} min{probed}", flush=True)
+
 
 if __name__ == "__main__":
     main()
