@@ -3,8 +3,8 @@ then (rows with `probe`) scored by the transfer probe on the tasks' validation s
 
 Every run first measures its own seconds per step (the time difference between a 20-step and
 an 80-step run, so start-up is not counted), then sets `max_steps` so that warmup and linear
-decay end within the budget, trains, and records the held-out curve. A recipe that changes the
-tokenizer or the pairs builds its own into DIR first (seconds).
+decay end within the budget, trains, and records the held-out curve. Each row's tokenizer and
+pairs are built into DIR first (seconds, once per setting).
 
 Usage:  python benchmarks/pretrain_recipes.py [--only SOP ELECTRA] [--workdir DIR] [--steps N]
         [--probe-seeds 1 2 3] [--step-cost]
@@ -33,6 +33,9 @@ from components.core.config import ModelSize, Params, load_params  # noqa: E402
 TWO = {"layers": 2, "hidden": 256, "heads": 4, "intermediate": 1024}
 FOUR = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}
 PLAIN = {"embedding_init": "random", "short_seq_len": 0, "short_seq_steps": 0}
+# Every row was measured when the default was lowercased: rows train on a lowercased tokenizer
+# unless they say otherwise, so each command still reproduces its row under the cased default.
+LOWER = {"lowercase": True}
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Recipe:
     pairs: dict = field(default_factory=dict)
     """Overrides of the pairs section (mode, max_seq_len)."""
     tokenizer: dict = field(default_factory=dict)
-    """Overrides of the tokenizer section (vocab_size, lowercase)."""
+    """Overrides of the tokenizer section (vocab_size, lowercase) over LOWER."""
     short_fraction: float = 0.0
     """Share of the steps in the 32-token curriculum phase."""
     probe: bool = False
@@ -66,28 +69,25 @@ RECIPES = {
                   pairs={"max_seq_len": 32}),
     "K2": Recipe(8, {"lr": 1e-3, "embedding_init": "corpus_svd", "short_seq_len": 32}, short_fraction=0.6),
 }
-# ... and the default recipe with one lever changed, 40 minutes each, probed. The levers were
-# measured when the default was lowercased, so each row pins that (LOWER) to stay reproducible
-# now that the default is cased (the CASED row's recipe).
-LOWER = {"lowercase": True}
+# ... and the default recipe with one lever changed, 40 minutes each, probed.
 LEVERS = {
-    "BASELINE": ({}, {}, LOWER),
-    "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, LOWER),
-    "M30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {}, LOWER),
-    "SPAN": ({"masking": "span"}, {}, LOWER),
+    "BASELINE": ({}, {}, {}),
+    "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, {}),
+    "M30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {}, {}),
+    "SPAN": ({"masking": "span"}, {}, {}),
     # Beyond the issue's list: whole-word masking (Google's BERT release of May 2019; Cui et al.
     # 2021) masks every piece of a word, so a word is never guessed from its own other pieces.
-    "WWM": ({"masking": "whole_word"}, {}, LOWER),
-    "V4K": ({}, {}, {**LOWER, "vocab_size": 4096}),
-    "V16K": ({}, {}, {**LOWER, "vocab_size": 16384}),
+    "WWM": ({"masking": "whole_word"}, {}, {}),
+    "V4K": ({}, {}, {"vocab_size": 4096}),
+    "V16K": ({}, {}, {"vocab_size": 16384}),
     "CASED": ({}, {}, {"lowercase": False}),
     # The best lowercased lever (V16K) with casing, the best lever for NER.
     "CASED16K": ({}, {}, {"lowercase": False, "vocab_size": 16384}),
-    "SOP": ({}, {"mode": "sop"}, LOWER),
-    "PACK": ({}, {"mode": "packing"}, LOWER),
-    "ELECTRA": ({"objective": "electra"}, {}, LOWER),
+    "SOP": ({}, {"mode": "sop"}, {}),
+    "PACK": ({}, {"mode": "packing"}, {}),
+    "ELECTRA": ({"objective": "electra"}, {}, {}),
     # Two levers together, as cramming trains (no NSP, a higher masking rate): run time-matched.
-    "PACK30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {"mode": "packing"}, LOWER),
+    "PACK30": ({"mlm_probability": 0.30, "max_predictions_per_seq": 39}, {"mode": "packing"}, {}),
     # The two levers of the best three-seed probe means, which move different tasks (casing NER,
     # packing every task a little); neither changes what a step costs.
     "CASEDPACK": ({}, {"mode": "packing"}, {"lowercase": False}),
@@ -101,22 +101,20 @@ def _key(*parts: object) -> str:
 
 
 def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
-    """The tokenizer and pairs folders the recipe trains on: the pipeline's own, or built in
-    `work` when the recipe changes them."""
+    """The tokenizer and pairs folders the recipe trains on, built in `work` once per setting
+    (seconds): the pipeline's own follow params.yaml's tokenizer, which is cased since the ablation."""
     from components.data.pairs import make_pairs
     from components.data.tokenizer import train_tokenizer
 
-    tokenizer, pairs = ROOT / p.paths.tokenizer, ROOT / p.paths.pairs
-    if recipe.tokenizer:
-        tokenizer = work / f"tokenizer-{_key(recipe.tokenizer)}"
-        if not tokenizer.exists():
-            train_tokenizer(dataclasses.replace(p.tokenizer, **recipe.tokenizer), ROOT / p.paths.clean,
-                            tokenizer, max_len=p.model.max_position)
-    if recipe.tokenizer or recipe.pairs:
-        pairs = work / f"pairs-{_key(recipe.tokenizer, recipe.pairs)}"
-        if not pairs.exists():
-            make_pairs(dataclasses.replace(p.pairs, **recipe.pairs), p.executor, ROOT / p.paths.clean,
-                       tokenizer, pairs)
+    tok = {**LOWER, **recipe.tokenizer}
+    tokenizer = work / f"tokenizer-{_key(tok)}"
+    if not tokenizer.exists():
+        train_tokenizer(dataclasses.replace(p.tokenizer, **tok), ROOT / p.paths.clean, tokenizer,
+                        max_len=p.model.max_position)
+    pairs = work / f"pairs-{_key(tok, recipe.pairs)}"
+    if not pairs.exists():
+        make_pairs(dataclasses.replace(p.pairs, **recipe.pairs), p.executor, ROOT / p.paths.clean,
+                   tokenizer, pairs)
     return tokenizer, pairs
 
 
@@ -180,10 +178,10 @@ def compare_step_cost(work: Path, names: list[str]) -> None:
     for _ in range(3):
         for name, run in runs.items():
             timed[name].append(step_seconds(run))
-    first = statistics.median(timed[names[0]])
-    for name, seconds in timed.items():
-        print(f"{name}: {statistics.median(seconds):.3f} s per full-length step, "
-              f"{statistics.median(seconds) / first:.2f}x {names[0]}'s", flush=True)
+    median = {name: statistics.median(seconds) for name, seconds in timed.items()}
+    for name, seconds in median.items():
+        print(f"{name}: {seconds:.3f} s per full-length step, "
+              f"{seconds / median[names[0]]:.2f}x {names[0]}'s", flush=True)
 
 
 def main() -> None:
