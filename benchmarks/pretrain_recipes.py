@@ -33,9 +33,9 @@ from components.core.config import ModelSize, Params, load_params  # noqa: E402
 TWO = {"layers": 2, "hidden": 256, "heads": 4, "intermediate": 1024}
 FOUR = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}
 PLAIN = {"embedding_init": "random", "short_seq_len": 0, "short_seq_steps": 0}
-# Every row was measured when the default was lowercased: rows train on a lowercased tokenizer
-# unless they say otherwise, so each command still reproduces its row under the cased default.
-LOWER = {"lowercase": True}
+# Every row was measured against the 8k lowercased tokenizer: rows train on it unless they say
+# otherwise, so each command still reproduces its row whatever params.yaml's tokenizer is.
+MEASURED = {"lowercase": True, "vocab_size": 8192}
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Recipe:
     pairs: dict = field(default_factory=dict)
     """Overrides of the pairs section (mode, max_seq_len)."""
     tokenizer: dict = field(default_factory=dict)
-    """Overrides of the tokenizer section (vocab_size, lowercase) over LOWER."""
+    """Overrides of the tokenizer section (vocab_size, lowercase) over MEASURED."""
     short_fraction: float = 0.0
     """Share of the steps in the 32-token curriculum phase."""
     probe: bool = False
@@ -69,7 +69,7 @@ RECIPES = {
                   pairs={"max_seq_len": 32}),
     "K2": Recipe(8, {"lr": 1e-3, "embedding_init": "corpus_svd", "short_seq_len": 32}, short_fraction=0.6),
 }
-# ... and the default recipe with one lever changed, 40 minutes each, probed.
+# ... and the recipe of the time (8k lowercased, BASELINE) with one lever changed, 40 minutes each, probed.
 LEVERS = {
     "BASELINE": ({}, {}, {}),
     "M20": ({"mlm_probability": 0.20, "max_predictions_per_seq": 26}, {}, {}),
@@ -102,11 +102,11 @@ def _key(*parts: object) -> str:
 
 def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
     """The tokenizer and pairs folders the recipe trains on, built in `work` once per setting
-    (seconds): the pipeline's own follow params.yaml's tokenizer, which is cased since the ablation."""
+    (seconds), not the pipeline's, which follow params.yaml's tokenizer."""
     from components.data.pairs import make_pairs
     from components.data.tokenizer import train_tokenizer
 
-    tok = {**LOWER, **recipe.tokenizer}
+    tok = {**MEASURED, **recipe.tokenizer}
     tokenizer = work / f"tokenizer-{_key(tok)}"
     if not tokenizer.exists():
         train_tokenizer(dataclasses.replace(p.tokenizer, **tok), ROOT / p.paths.clean, tokenizer,

@@ -190,7 +190,7 @@ def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project,
     run = subprocess.Popen(["bertflow", "run"], cwd=dvc_project, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 600
-    for line in run.stderr:  # the default 6,000 steps: it is still pretraining when killed
+    for line in run.stderr:  # the default 4,921 steps: it is still pretraining when killed
         assert time.time() < deadline
         if "stage pretrain: running" in line:
             break

@@ -153,11 +153,11 @@ class TokenizerConfig:
 
     kind: Literal["wordpiece", "bpe"] = "wordpiece"
     """WordPiece (BERT) or BPE; both use BERT normalisation, `##` continuation and specials."""
-    vocab_size: int = 8192
+    vocab_size: int = 16384
     """Target vocabulary size, special tokens included."""
     min_frequency: int = 2
     """Minimum pair frequency for a merge."""
-    lowercase: bool = False
+    lowercase: bool = True
     """Uncased model: lowercase (and strip accents) in the normaliser; false keeps case, NER's best cue."""
     limit_alphabet: int = 1000
     """At most this many initial characters; rarer ones become [UNK]."""
@@ -258,7 +258,7 @@ class PretrainConfig:
     short_seq_len: int = 32
     """Sequence-length curriculum: if > 0, the first `short_seq_steps` steps train on pieces of
     this many tokens cut from each instance (MLM only, same tokens per step)."""
-    short_seq_steps: int = 3000
+    short_seq_steps: int = 2460
     """Optimiser steps of the short-sequence phase."""
     dropout: float = 0.0
     """Dropout while pretraining (off: a corpus seen about once needs none, and it costs ~25%
@@ -275,9 +275,9 @@ class PretrainConfig:
     """AdamW beta2 (0.98 as RoBERTa and cramming; BERT used 0.999)."""
     weight_decay: float = 0.01
     """Weight decay, not applied to biases and LayerNorm."""
-    warmup_steps: int = 600
+    warmup_steps: int = 492
     """Linear warmup steps, then linear decay to zero at max_steps."""
-    max_steps: int = 6000
+    max_steps: int = 4921
     """Optimiser steps: the budget, the same encoder on any machine."""
     max_minutes: float = 0.0
     """Wall-clock guard, 0 = off; when it fires first the run is marked as cut short."""

@@ -59,14 +59,10 @@ class PretrainModule(L.LightningModule):
         self._tick = (now, self.global_step)
         self.log_dict(stats, prog_bar=False)
         if self.global_step == 0 and batch_idx == 0 and self.trainer.world_size > 1:
-            # In the short-sequence phase a rank's batch holds as many pieces as its instances
-            # cut into, so the ranks' sizes differ: pad to the largest (-1) before gathering.
-            ids = batch["instance_id"]  # (B_rank,)
-            size = int(self.all_gather(torch.tensor(ids.numel(), device=ids.device)).max())
-            padded = torch.full((size,), -1, dtype=ids.dtype, device=ids.device)
-            padded[: ids.numel()] = ids
-            seen = self.all_gather(padded)  # (world, max B)
-            self.ddp_overlap = len((set(seen[0].tolist()) & set(seen[1].tolist())) - {-1})
+            # In the short-sequence phase the ranks' batches differ in size: gather as objects.
+            seen: list[list[int] | None] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(seen, batch["instance_id"].tolist())
+            self.ddp_overlap = len(set(seen[0]) & set(seen[1]))
         return out["loss"]
 
     def on_before_optimizer_step(self, optimizer) -> None:
