@@ -364,7 +364,7 @@ class FinetuneConfig:
         "bbc-news": TaskConfig("classification", "bbc-news", long_text="chunks", epochs=1, lr=1e-3),
         "conll2003-ner": TaskConfig("token", "conll2003-ner", epochs=3, lr=1e-3),
         "conll2003-ner-span": TaskConfig("span", "conll2003-ner", span_decoding="greedy", lr=5e-4),
-        "trec-same-type": TaskConfig("pair", "trec-same-type"),
+        "trec-same-type": TaskConfig("pair", "trec-same-type", epochs=4, lr_grid=[1e-4, 2e-4, 5e-4]),
         "news-order": TaskConfig("pair", "news-order", max_train_examples=3000, lr=5e-4),
     })
     """Tasks by name; dvc.yaml runs one stage of each kind per task (foreach)."""
