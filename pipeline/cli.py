@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from components.core.errors import BertflowError
-from pipeline.cli_common import ParamsOption, check_checkout, mlflow_client, registry_client
+from pipeline.cli_common import ParamsOption, check_checkout, check_output, mlflow_client, registry_client
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
@@ -28,10 +28,11 @@ def run(
     from components.core.config import load_params
     from components.core.tracking import check_store
     from pipeline.prefect_server import check_configured_api
-    from pipeline.stages import plan
+    from pipeline.stages import check_outputs_owned, plan
 
     p = load_params(params)
     plan(p, until)  # refuse bad params, a bad stage, a moved store or no API before Prefect starts
+    check_outputs_owned(p, params.resolve().parent)
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     check_configured_api()
@@ -53,11 +54,12 @@ def stage(
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
     from components.core.config import load_params
     from pipeline.lock import project_lock
-    from pipeline.stages import distributed_rank, run_stage, split_name
+    from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
-    load_params(params)  # bad params, paths that are not the stage's own: refused, nothing written
     root = params.resolve().parent
+    # bad params, paths or folders that are not the stages' own: refused, nothing written
+    check_outputs_owned(load_params(params), root)
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params)
@@ -209,6 +211,8 @@ def predict(
     for option, values in (("--text", text), ("--text-b", text_b)):
         if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
             raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
+    if out is not None:
+        check_output(out, "--out", params)
     pyfunc = _load_pyfunc(_model_uri(task, model, trust_model, params))
     # Blank texts are refused before the model runs, each named by where it is in the input.
     inputs = pyfunc.metadata.get_input_schema()
@@ -301,6 +305,7 @@ def export_hf(
     from components.lifecycle.hf_export import export_hf as convert
     from components.lifecycle.registry import version_uri
 
+    check_output(out, "export-hf OUT", params, folder=True)
     uri = version_uri(registry_client(params), task, ref)
     with tempfile.TemporaryDirectory(prefix="bertflow-hf-") as tmp:
         local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=tmp))
@@ -431,6 +436,7 @@ def report(
     from components.lifecycle.report import build_report
     from pipeline.publish import params_sha256
 
+    check_output(out, "--out", params)
     root, p = params.resolve().parent, load_params(params)
     header = {"project": str(root), "git commit": git_state(root).get("git.commit", "unknown"),
               "params sha256": params_sha256(p),

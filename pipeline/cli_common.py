@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from components.core.errors import BertflowError
+
 ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file.", dir_okay=False)]
 
 
@@ -30,8 +32,6 @@ def registry_client(params: Path):
     database yet gets one clear line instead of a new, empty database and a lookup that fails."""
     from components.core import tracking
     from components.core.config import load_params
-    from components.core.errors import BertflowError
-
     params = params.resolve()
     uri = tracking.tracking_uri(load_params(params).tracking, params.parent)
     prefix = "sqlite:///"
@@ -50,8 +50,6 @@ def check_checkout(root: Path) -> None:
 
     import typer
 
-    from components.core.errors import BertflowError
-
     hint = 'in Docker, run as the checkout\'s owner: docker run --user "$(id -u):$(id -g)" ...'
     if not os.access(root, os.W_OK):
         raise BertflowError(f"{root} is not writable by uid {os.getuid()} (it belongs to uid "
@@ -64,3 +62,18 @@ def check_checkout(root: Path) -> None:
         typer.echo(f"warning: git cannot read {root} ({why}): this run records git.commit none, "
                    f"so its lineage loses the code version; {hint}, or mark it safe: "
                    f"git config --global --add safe.directory {root}", err=True)
+
+
+def check_output(path: Path, name: str, params: Path, folder: bool = False) -> None:
+    """An output a command writes where you say: apart from the project's code, inputs, stores and
+    stage outputs; a folder only if bertflow made it (components.core.guard). `name` is the
+    option or argument, for the error line."""
+    from components.core.config import load_params
+    from components.core.guard import check_command_output, claim
+
+    label = f"{name}: {path}"
+    check_command_output(path, label, load_params(params), params.resolve().parent)
+    if folder:
+        claim(path, name)
+    elif path.is_dir():
+        raise BertflowError(f"{label} is a folder; name the file to write")

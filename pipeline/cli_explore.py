@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from components.core.errors import BertflowError, ConfigError
-from pipeline.cli_common import ParamsOption, registry_client
+from pipeline.cli_common import ParamsOption, check_output, registry_client
 
 ModelOption = Annotated[Path | None, typer.Option(
     "--model", help="An exported encoder folder [default: the registry's newest encoder].",
@@ -91,6 +91,7 @@ def embed(
         raise ConfigError(f"--pooling must be mean or cls, not {pooling!r}")
     if out.suffix not in (".parquet", ".npy") or (tokens and out.suffix == ".npy"):
         raise ConfigError(f"{out}: write .parquet (or .npy for sentence vectors)")
+    check_output(out, "--out", params)
     batches = iter([[{"text": t} for t in text]]) if file is None else read_batches(file, 256)
     with encoder(model, params) as enc, atomic_file(out) as tmp:
         texts, vectors, writer = [], [], None
@@ -152,6 +153,7 @@ def attention(
     """A heatmap of one layer's and head's attention over TEXT's tokens."""
     from components.lifecycle.explore import attention_maps, plot_attention
 
+    check_output(out, "--out", params)
     with encoder(model, params) as enc:
         tokens, maps = attention_maps(enc, text)  # (layers, heads, T, T)
     layers, heads = maps.shape[:2]

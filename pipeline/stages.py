@@ -225,6 +225,22 @@ def plan(p: Params, until: str | None = None) -> list[str]:
     return names[: last + 1]
 
 
+def check_outputs_owned(p: Params, root: Path) -> None:
+    """Before any stage runs: each folder a stage replaces whole is missing, empty or bertflow's
+    (components.core.guard), or one line names the key and the folder."""
+    from components.core.guard import claim
+
+    folders = {f"paths.{n}": root / getattr(p.paths, n) for n in ("raw", "clean", "checkpoint",
+                                                                   "tokenizer", "pairs")}
+    folders["paths.models (encoder)"] = root / p.paths.models / "encoder"
+    for t in p.finetune.tasks:
+        folders[f"paths.tasks ({t})"] = root / p.paths.tasks / t
+        folders[f"paths.models (tasks/{t})"] = root / p.paths.models / "tasks" / t
+        folders[f"paths.models (adapted/{t})"] = root / p.paths.models / "adapted" / t
+    for key, folder in folders.items():
+        claim(folder, key)
+
+
 def metrics_file(p: Params, root: Path, name: str) -> Path:
     """Where a stage's stats go (a DVC metrics file, kept in git)."""
     base, _, task = name.partition("@")

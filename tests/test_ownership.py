@@ -1,35 +1,182 @@
-"""A stage never deletes what it does not own: output paths are checked before anything is
-written, and a stage cleans up only the temp folders it marked as its own."""
+"""Nothing lost by design: a command replaces only folders it made (a marker inside says so), and
+no output path, after links are followed, overlaps the project's code, inputs or stores.
+
+The generic check points every path param and every output argument at each protected place and
+asserts one `error:` line with the project's files unchanged; a path param or an output
+argument added later is covered by it (or fails the test until it is classified)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import sys
+from pathlib import Path
+
 import pytest
 
+from components.core.config import PathsConfig, load_params
+from components.core.errors import ConfigError
+from components.core.guard import OUTPUT_FOLDERS, OWNED, SOURCE_FOLDERS, claim, make_owned, remove_owned
 from components.core.io import TEMP_MARK, atomic_dir
+from pipeline.cli import app, main
 from tests.conftest import run_cli, small_params, tree, write_params
 
+# Where each protected kind of place is, in the project `_project` builds (relative to it).
+PROTECTED = {
+    "code": "components",
+    "inside code": "components/core",
+    "checkout": ".",
+    "folder holding the checkout": "..",
+    "your data": "data/user",
+    "inside your data": "data/user/corpus",
+    "a folder holding your data": "data",
+    "environment": ".venv",
+    "MLflow's artifacts": "mlartifacts",
+    "DVC remote": ".dvc-storage",
+    "DVC's folder": ".dvc",
+    "Prefect's home": ".prefect",
+    "a link out of the project": "data/ext/raw",
+    "a link into your data": "data/ulink/corpus",
+    "the corpus source": "data/in/corpus",
+    "inside the task source": "data/tasks-in/mine/x",
+}
 
-@pytest.mark.parametrize(("paths", "message"), [
-    ({"raw": ""}, "paths.raw: '' must be a folder inside the project"),  # was: the checkout went
-    ({"raw": "data/user"}, "paths.raw: 'data/user' overlaps paths.user_data ('data/user')"),
-    ({"models": "."}, "paths.models: '.' must be a folder inside the project"),
-    ({"tasks": "data/raw/tasks"}, "paths.tasks: 'data/raw/tasks' overlaps paths.raw ('data/raw')"),
-])
-def test_a_stage_told_to_replace_the_checkout_or_your_data_refuses_and_deletes_nothing(
-        tmp_path, paths, message):
-    project = tmp_path / "project"
-    (project / "data" / "user" / "corpus").mkdir(parents=True)
-    (project / "data" / "user" / "corpus" / "mine.txt").write_text("My only copy. Of my corpus.\n")
-    params = write_params(project, small_params(paths=paths))
+
+def _project(root: Path, **sections) -> Path:
+    """A git checkout with code, your data, stores and two links; returns its params file."""
+    for folder in ("components/core", "data/user/corpus", ".venv/bin", "mlartifacts/1", ".dvc-storage/ab",
+                   ".prefect", "data/in/corpus", "data/tasks-in/mine"):
+        (root / folder).mkdir(parents=True)
+    (root / "components/core/io.py").write_text("# code\n")
+    (root / "data/user/corpus/mine.txt").write_text("My only copy. Of my corpus.\n")
+    (root / "data/in/corpus/doc.txt").write_text("A corpus file. Named by a source.\n")
+    (root / "data/tasks-in/mine/train.csv").write_text("text,label\nfine,pos\n")
+    for store in (".venv/bin/python", "mlartifacts/1/model.bin", ".dvc-storage/ab/cd"):
+        (root / store).write_text("store\n")
+    (root.parent / "outside").mkdir()
+    (root.parent / "outside" / "keep.txt").write_text("not the project's\n")
+    (root / "data" / "ext").symlink_to(root.parent / "outside")
+    (root / "data" / "ulink").symlink_to(root / "data" / "user")
+    sections.setdefault("ingest", {"sources": [{"name": "mine", "kind": "txt_dir", "path": "data/in/corpus"}]})
+    sections.setdefault("finetune", {"tasks": {"mine": {"kind": "classification",
+                                                        "source": "data/tasks-in/mine"}}})
+    params = write_params(root, small_params(**sections))
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "mine"]):
-        run_cli(*cmd, cwd=project)
-    before = tree(project)
-    proc = run_cli("bertflow", "stage", "ingest", "-p", str(params), cwd=project, check=False)
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {params}:{message}"), lines
-    assert tree(project) == before
+        run_cli(*cmd, cwd=root)
+    (root / ".dvc").mkdir()
+    (root / ".dvc" / "config").write_text("[core]\n    remote = local\n['remote \"local\"']\n"
+                                          "    url = ../.dvc-storage\n")
+    return params
+
+
+def _everything(root: Path) -> dict:
+    return {**tree(root.parent / "outside"), **tree(root)}
+
+
+def test_every_path_param_is_classified_as_an_output_or_an_input():
+    assert {f.name for f in dataclasses.fields(PathsConfig)} == {*OUTPUT_FOLDERS, *SOURCE_FOLDERS}
+
+
+@pytest.mark.parametrize("place", list(PROTECTED))
+@pytest.mark.parametrize("key", OUTPUT_FOLDERS)
+def test_every_path_param_pointed_at_a_protected_place_is_refused(tmp_path, key, place):
+    root = tmp_path / "project"
+    root.mkdir()
+    params = _project(root, paths={key: PROTECTED[place]})
+    before = _everything(root)
+    with pytest.raises(ConfigError, match=rf"params.yaml:paths\.{key}: "):
+        load_params(params)
+    assert _everything(root) == before
+
+
+# The issue's catalogue, through the command line: each loses nothing and says why in one line.
+CATALOGUE = {
+    "raw is the code": ({"paths": {"raw": "components"}}, ["stage", "ingest"], "must be a folder inside"),
+    "raw is the artifacts": ({"paths": {"raw": "mlartifacts"}}, ["run"], "must be a folder inside"),
+    "raw is the DVC remote": ({"paths": {"raw": ".dvc-storage"}}, ["run"], "must be a folder inside"),
+    "raw is the environment": ({"paths": {"raw": ".venv"}}, ["run"], "must be a folder inside"),
+    "source is raw": ({"paths": {"raw": "data/in/corpus"}}, ["stage", "ingest"], "ingest source 'mine'"),
+    "source inside raw": ({"paths": {"raw": "data/in"}}, ["stage", "ingest"], "ingest source 'mine'"),
+    "task source in tasks": ({"paths": {"tasks": "data/tasks-in"}}, ["stage", "task_data@mine"],
+                             "the source of task 'mine'"),
+    "raw through a link out": ({"paths": {"raw": "data/ext/raw"}}, ["stage", "ingest"], "a link to"),
+    "raw through a link to your data": ({"paths": {"raw": "data/ulink/corpus"}}, ["stage", "ingest"],
+                                        "paths.user_data"),
+    "raw is a folder bertflow did not make": ({"paths": {"raw": "data/mine"}}, ["stage", "ingest"],
+                                              ("paths.raw: ", "data/mine holds files bertflow")),
+    "export into your data": ({}, ["export-hf", "mine", "data/user"], "paths.user_data"),
+    "export into the checkout's folder": ({}, ["export-hf", "mine", ".."], "the project folder"),
+    "export into a folder of yours": ({}, ["export-hf", "mine", "data/mine"],
+                                      ("export-hf OUT: ", "holds files bertflow")),
+    "export into the code": ({}, ["export-hf", "mine", "components"], "the project's code"),
+    "report onto the code": ({}, ["report", "--out", "components/core/io.py"], "the project's code"),
+    "report onto your data": ({}, ["report", "--out", "data/user/corpus/mine.txt"], "paths.user_data"),
+    "predictions onto params": ({}, ["predict", "mine", "--text", "a", "--out", "params.yaml"],
+                                "the project's code"),
+    "predictions into a stage output": ({}, ["predict", "mine", "--text", "a", "--out", "data/raw/p.jsonl"],
+                                        "the stage output paths.raw"),
+    "embeddings onto the store": ({}, ["embed", "--text", "a", "--out", "mlartifacts/x.parquet"],
+                                  "a store or environment (mlartifacts)"),
+    "attention onto a folder": ({}, ["attention", "a", "--out", "data/mine"], "is a folder"),
+}
+
+
+@pytest.mark.parametrize("case", list(CATALOGUE))
+def test_the_catalogue_of_lost_data_now_refuses_and_loses_nothing(case, tmp_path, monkeypatch, capfd):
+    sections, argv, message = CATALOGUE[case]
+    root = tmp_path / "project"
+    root.mkdir()
+    params = _project(root, **sections)
+    (root / "data" / "mine").mkdir()
+    (root / "data" / "mine" / "precious.txt").write_text("203 files of mine\n")
+    before = _everything(root)
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "argv", ["bertflow", *argv, "-p", str(params)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capfd.readouterr().err
+    assert exited.value.code == 1, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and all(m in err for m in (message if isinstance(message, tuple)
+                                                                  else (message,))), err
+    assert _everything(root) == before
+
+
+def test_every_output_argument_of_every_command_is_in_the_catalogue():
+    """A command that gains an output argument must show here that it is checked."""
+    def commands(typer_app):
+        for info in typer_app.registered_commands:
+            yield info.name or info.callback.__name__.replace("_", "-"), info.callback
+        for group in typer_app.registered_groups:
+            yield from commands(group.typer_instance)
+
+    with_outputs = {name for name, callback in commands(app) if "out" in inspect.signature(callback).parameters}
+    covered = {argv[0] for _, argv, _ in CATALOGUE.values()}
+    assert with_outputs <= covered, with_outputs - covered
+
+
+def test_a_folder_is_replaced_or_removed_only_when_bertflow_made_it(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="holds files bertflow did not write"):
+        claim(mine, "paths.raw")
+    with pytest.raises(ConfigError, match="holds files bertflow did not write"), atomic_dir(mine) as tmp:
+        (tmp / "x").write_text("never")
+    assert not remove_owned(mine) and (mine / "keep.txt").read_text() == "keep me"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "made")
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        make_owned(link)
+    made = make_owned(tmp_path / "made" / "deep")
+    (made / "snapshot").write_text("ours")
+    assert remove_owned(made) and not made.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic_dir(empty) as tmp:  # an empty folder holds nothing to lose
+        (tmp / "x").write_text("ours")
+    assert sorted(p.name for p in empty.iterdir()) == [OWNED, "x"]
 
 
 def test_only_marked_temp_folders_are_cleaned_up_never_a_user_folder_of_a_similar_name(tmp_path):
@@ -42,8 +189,8 @@ def test_only_marked_temp_folders_are_cleaned_up_never_a_user_folder_of_a_simila
     (stale / TEMP_MARK).touch()
     with atomic_dir(final) as tmp:
         (tmp / "a").write_text("first")
-    with atomic_dir(final) as tmp:  # replaces the first output
+    with atomic_dir(final) as tmp:  # replaces the first output: it is bertflow's
         (tmp / "b").write_text("second")
-    assert sorted(p.name for p in final.iterdir()) == ["b"]  # no marker in an output
+    assert sorted(p.name for p in final.iterdir()) == [OWNED, "b"]  # marked as ours, no temp mark
     assert sorted(p.name for p in tmp_path.iterdir()) == [".raw.backup-2024", "raw"]
     assert (backup / "doc.txt").read_text() == "keep me"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import os
 import re
 import types
 import typing
@@ -496,34 +495,10 @@ def load_params(path: str | Path) -> Params:
     data = _read_yaml(path)
     params = from_dict(Params, data, f"{path}:")
     check(params, f"{path}:")
-    check_paths(params.paths, path.resolve().parent, f"{path}:")
+    from components.core.guard import check_stage_outputs
+
+    check_stage_outputs(params, path.resolve().parent, f"{path}:")
     return params
-
-
-OUTPUT_FOLDERS = ("raw", "clean", "checkpoint", "tokenizer", "pairs", "tasks", "models", "metrics")
-SOURCE_FOLDERS = ("user_data", "packages")  # read (packages also installed into), never replaced
-
-
-def check_paths(paths: PathsConfig, root: Path, where: str) -> None:
-    """Every folder a stage replaces is the project's own: inside the project (relative, no
-    `..`), not the project root, nor git's or DVC's folder; no two folders the same or one
-    inside another, sources included. `paths.raw: ''` once made ingest replace the checkout."""
-    folders: dict[str, Path] = {}
-    for name in (*SOURCE_FOLDERS, *OUTPUT_FOLDERS):
-        value, key = getattr(paths, name), _join(where, f"paths.{name}")
-        folder = Path(os.path.normpath(root / value.strip()))
-        inside = root in folder.parents
-        if name in OUTPUT_FOLDERS and (Path(value).is_absolute() or not inside):
-            raise ConfigError(f"{key}: {value!r} must be a folder inside the project, below "
-                              f"{root} (a stage replaces it)")
-        if folder == root or (inside and folder.relative_to(root).parts[0] in (".git", ".dvc")):
-            raise ConfigError(f"{key}: {value!r} is the project root or git's or DVC's own "
-                              "folder; give the stage a folder of its own")
-        for other, seen in folders.items():
-            if folder == seen or seen in folder.parents or folder in seen.parents:
-                raise ConfigError(f"{key}: {value!r} overlaps paths.{other} "
-                                  f"({getattr(paths, other)!r}); each folder must stand apart")
-        folders[name] = folder
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from components.core.guard import claim, mark
+
 SHARD_GLOB = "part-*.parquet"
 SPLITS = ("train", "heldout")  # the sub-folders of the clean and pairs outputs
 
@@ -41,9 +43,12 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temp folder beside `final`; on success it replaces `final`, on error it goes.
 
     Readers never see a partly written output: the folder appears under its real name only
-    after everything in it was written (and validated, when the caller validates inside).
+    after everything in it was written (and validated, when the caller validates inside). It
+    replaces only a folder bertflow made (components.core.guard), checked before any work, and
+    marks the new one as such.
     """
     final = Path(final)
+    claim(final)
     made = [p for p in final.parents if not p.exists()]  # innermost first: removed on error
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}.*-*"):  # left by a killed earlier run ...
@@ -59,6 +64,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                 folder.rmdir()
         raise
     (tmp / TEMP_MARK).unlink()
+    mark(tmp)
     replace_path(tmp, final)
 
 
@@ -72,8 +78,10 @@ def _temp_dir(final: Path, kind: str) -> Path:
 
 def replace_path(src: Path, dst: Path) -> None:
     """Move `src` to `dst`, replacing what is there (a file or a whole folder). A folder is first
-    moved into a marked temp folder, so that a kill in between leaves nothing unmarked behind."""
-    if dst.is_dir() and not dst.is_symlink():
+    moved into a marked temp folder, so that a kill in between leaves nothing unmarked behind.
+    Only a folder bertflow made is replaced."""
+    claim(dst)
+    if dst.is_dir():
         old = _temp_dir(dst, "old")
         os.replace(dst, old / dst.name)
         os.replace(src, dst)

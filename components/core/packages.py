@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from components.core.errors import DataError
+from components.core.guard import claim, mark
 
 _DONE = ".installed"
 
@@ -23,7 +24,9 @@ def ensure_package(spec: str, packages_dir: Path) -> Path:
     if (target / _DONE).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    claim(target, "paths.packages")  # a folder of that name bertflow did not make stays
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    mark(tmp)
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
            "--disable-pip-version-check", "--target", str(tmp), spec]
     proc = subprocess.run(cmd, capture_output=True, text=True)

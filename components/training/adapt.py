@@ -13,7 +13,6 @@ Without `adapted` in finetune.init the stage writes an empty record, so DVC's gr
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pyarrow.parquet as pq
 
 from components.core.config import AdaptConfig, ModelConfig, PretrainConfig, TaskConfig
 from components.core.errors import DataError
+from components.core.guard import make_owned, remove_owned
 from components.core.io import atomic_dir, write_json
 from components.data import validation
 from components.data.pairs import pack_documents, to_table, tokenize_documents
@@ -90,12 +90,13 @@ def adapt_task(cfg: AdaptConfig, enabled: bool, task: TaskConfig, model: ModelCo
         return {"adapted": False}
     encoder = read_encoder_info(encoder_dir)
     pairs = Path(work_dir) / "pairs"
-    shutil.rmtree(pairs, ignore_errors=True)
+    remove_owned(pairs)  # left by a killed run
+    make_owned(pairs, "adapt's work folder")
     counts = write_task_pairs(task_dir, task.kind, encoder_dir, cfg.max_seq_len, cfg.batch_size, pairs)
     log.info("adapt: %d sequences of the train split's text, %d of validation's; %d steps at lr %g",
              counts["train"]["sequences"], counts["heldout"]["sequences"], cfg.steps, cfg.lr)
     stats = pretrain(model, adapt_config(cfg, pretrain_cfg), pairs, encoder_dir, out_dir, work_dir,
                      checkpoint_dir=encoder_dir, mlflow_run=mlflow_run,
                      start_info=CheckpointInfo(init_from=START, config=encoder.config))
-    shutil.rmtree(pairs, ignore_errors=True)
+    remove_owned(pairs)
     return {"adapted": True, **counts, **stats}

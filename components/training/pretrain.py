@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from components.core import progress
 from components.core.config import ModelConfig, PretrainConfig
 from components.core.errors import ConfigError, DataError
+from components.core.guard import make_owned, remove_owned
 from components.core.io import list_shards
 from components.data.tokenizer import load
 from components.model.build import build_model
@@ -129,7 +129,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
                                 if checkpoint_dir is not None else CheckpointInfo(init_from=""))
     bert = start_config(model, cfg, vocab_size, checkpoint)
     snapshot_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir, checkpoint)
-    last = snapshot_dir / "last.ckpt"
+    last = make_owned(snapshot_dir, "pretrain snapshots") / "last.ckpt"
     resume = checked_snapshot(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     fresh: list[str] = []
@@ -218,7 +218,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
     write_encoder(encoder, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
                                             stats, history), tokenizer_dir, out_dir)
-    shutil.rmtree(snapshot_dir, ignore_errors=True)  # the export is the product; snapshots were for resuming
+    remove_owned(snapshot_dir)  # the export is the product; snapshots were for resuming
     # The float results depend on these two (measured: docs/reliability.md#reproducibility).
     this_run = {"minutes": minutes, "resumed": int(resume is not None), "threads": torch.get_num_threads(),
                 "cpu_capability": torch.backends.cpu.get_cpu_capability()}
