@@ -188,21 +188,15 @@ def predict(
                                               dir_okay=False)] = None,
     out: Annotated[Path | None, typer.Option(help="JSONL output (default: stdout).")] = None,
     model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
-    trust_model: Annotated[bool, typer.Option(help="Load a --model folder from outside this "
-                                                   "project (MLflow unpickles its code).")] = False,
+    trust_model: Annotated[bool, typer.Option(help="Load a --model from outside this project, or "
+                                                   "one holding pickles (loading runs their code).")] = False,
     batch_size: Annotated[int, typer.Option(help="Rows per model call.")] = 512,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Predict with a registered model: one JSON line per input, the input's fields included."""
-    import contextlib
-    import json
+    import tempfile
 
-    import pandas as pd
-
-    from components.core.errors import ConfigError, DataError
-    from components.core.io import atomic_file
-    from components.core.progress import bar
-    from components.lifecycle.rows import TEXTS, blank_column, read_numbered
+    from components.core.errors import ConfigError
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
@@ -213,7 +207,24 @@ def predict(
             raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
     if out is not None:
         check_output(out, "--out", params)
-    pyfunc = _load_pyfunc(_model_uri(task, model, trust_model, params))
+    with tempfile.TemporaryDirectory(prefix="bertflow-predict-") as tmp:  # the model's files
+        uri = _model_uri(task, model, trust_model, params)
+        pyfunc = _load_pyfunc(uri, _fetch_model(uri, Path(tmp), trust_model))
+        _predict(pyfunc, task, text, text_b, file, out, batch_size)
+
+
+def _predict(pyfunc, task: str, text: list[str] | None, text_b: list[str] | None, file: Path | None,
+             out: Path | None, batch_size: int) -> None:
+    """One JSON line per input row, to `out` (whole or not at all) or stdout."""
+    import json
+
+    import pandas as pd
+
+    from components.core.errors import DataError
+    from components.core.io import atomic_file
+    from components.core.progress import bar
+    from components.lifecycle.rows import TEXTS, blank_column, read_numbered
+
     # Blank texts are refused before the model runs, each named by where it is in the input.
     inputs = pyfunc.metadata.get_input_schema()
     columns = inputs.input_names() if inputs is not None else TEXTS
@@ -249,6 +260,27 @@ def _model_uri(task: str, model: str | None, trust_model: bool, params: Path) ->
     return checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
 
 
+def _fetch_model(uri: str, dst: Path, trust_model: bool) -> Path:
+    """The model at `uri`, downloaded into `dst` (or the folder itself), checked for pickles:
+    MLflow would unpickle them on loading, which runs whatever their author put in. A model
+    bertflow saved is code and safetensors; anything else needs --trust-model."""
+    import os
+
+    import mlflow
+
+    from components.lifecycle.registry import pickles_in
+
+    # MLflow's own switch too (it allows pickles by default), for this process and a server's.
+    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = str(trust_model).lower()
+    local = Path(uri) if Path(uri).is_dir() else \
+        Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dst)))
+    if not trust_model and (found := pickles_in(local)):
+        raise BertflowError(f"model {uri} holds what loading would unpickle ({', '.join(found[:3])}"
+                            f"{', ...' if len(found) > 3 else ''}), which can run any code; pass "
+                            "--trust-model if you trust who wrote it")
+    return local
+
+
 def _check_model_folder(uri: str, root: Path) -> None:
     """Refuse a model from outside the project: loading an MLflow pyfunc model unpickles its
     Python object, which runs whatever code the model's author put in it. Registry and run URIs
@@ -266,14 +298,14 @@ def _check_model_folder(uri: str, root: Path) -> None:
                             "if you trust who wrote it")
 
 
-def _load_pyfunc(uri: str):
-    """The pyfunc model at `uri` (from _model_uri); a model MLflow cannot load is one clear
-    line naming it."""
+def _load_pyfunc(uri: str, local: Path):
+    """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model); a model
+    MLflow cannot load is one clear line naming it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
-        return mlflow.pyfunc.load_model(uri)
+        return mlflow.pyfunc.load_model(str(local))
     except MlflowException as e:
         raise BertflowError(f"cannot load model {uri}: {e.message.splitlines()[0]}") from None
 
@@ -318,8 +350,8 @@ def export_hf(
 def serve_model(
     task: Annotated[str, typer.Argument(help="The task (its registered model).")],
     model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
-    trust_model: Annotated[bool, typer.Option(help="Serve a --model folder from outside this "
-                                                   "project (MLflow unpickles its code).")] = False,
+    trust_model: Annotated[bool, typer.Option(help="Serve a --model from outside this project, or "
+                                                   "one holding pickles (loading runs their code).")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 5000,
     workers: Annotated[int, typer.Option(help="Server processes.", min=1)] = 1,
@@ -333,7 +365,6 @@ def serve_model(
     import os
     import tempfile
 
-    import mlflow
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
 
     from components.lifecycle.body_limit import MAX_BODY_ENV
@@ -342,7 +373,7 @@ def serve_model(
     uri = _model_uri(task, model, trust_model, params)
     check_port(host, port, uri)
     with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
-        env = {**os.environ, _SERVER_MODEL_PATH: mlflow.artifacts.download_artifacts(uri, dst_path=tmp),
+        env = {**os.environ, _SERVER_MODEL_PATH: str(_fetch_model(uri, Path(tmp), trust_model)),
                MAX_BODY_ENV: str(int(max_body_mb * 1_000_000))}
         typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
                    f"{max_body_mb:g} MB; Ctrl-C stops it)")

@@ -160,3 +160,50 @@ def test_rest_answers_blank_text_and_requests_over_the_limits_with_400_or_413(py
                           timeout=60).status_code == 200
     finally:
         _stop(server)
+
+
+class _Payload:
+    """What a pickled model can hold: unpickling it writes a file (it could run anything)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "the payload ran"))
+
+
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_a_pickled_model_is_refused_inside_the_project_as_outside(where, tmp_path, monkeypatch, capfd):
+    import cloudpickle
+    import yaml
+
+    from pipeline.cli import main
+
+    project = tmp_path / "project"
+    params = write_params(project, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    model = (project / "data" / "evil") if where == "inside" else (tmp_path / "evil")
+    model.mkdir(parents=True)
+    marker = tmp_path / "payload-ran"
+    (model / "python_model.pkl").write_bytes(cloudpickle.dumps(_Payload(marker)))
+    (model / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": {
+        "loader_module": "mlflow.pyfunc.model", "python_model": "python_model.pkl"}}}))
+    trust = [] if where == "inside" else ["--trust-model"]  # outside: past the first refusal
+    monkeypatch.setattr(sys, "argv", ["bertflow", "predict", "reviews", "--model", str(model), *trust,
+                                      "--text", "fine", "-p", str(params)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capfd.readouterr().err
+    if where == "outside":  # trusted: MLflow unpickles it, and the payload runs
+        assert marker.exists()
+        return
+    assert exited.value.code == 1 and not marker.exists(), err
+    assert err.strip().splitlines()[-1] == (
+        f"error: model {model} holds what loading would unpickle (python_model.pkl, python_function "
+        "flavor without model code (a pickled model)), which can run any code; pass --trust-model "
+        "if you trust who wrote it")
+
+
+def test_a_model_bertflow_saved_holds_nothing_to_unpickle(pyfunc_model):
+    from components.lifecycle.registry import pickles_in
+
+    assert pickles_in(pyfunc_model) == []

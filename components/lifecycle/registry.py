@@ -290,6 +290,29 @@ def checked_uri(client, uri: str) -> str:
     return uri
 
 
+# Files whose loaders unpickle (torch.load, joblib, cloudpickle): a model of ours has none.
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib", ".pt", ".pth", ".ckpt", ".bin", ".cloudpickle")
+
+
+def pickles_in(model_dir: Path) -> list[str]:
+    """What in an MLflow model folder would be unpickled on loading: files of a pickle format,
+    or a flavor other than pyfunc's models-from-code (a pickled PythonModel, sklearn, torch...).
+    [] for a model bertflow saved: code and safetensors."""
+    import yaml
+
+    model_dir = Path(model_dir)
+    found = [str(p.relative_to(model_dir)) for p in sorted(model_dir.rglob("*"))
+             if p.suffix.lower() in PICKLE_SUFFIXES and p.is_file()]
+    try:
+        flavors = yaml.safe_load((model_dir / "MLmodel").read_text(encoding="utf-8"))["flavors"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        return [*found, "MLmodel (missing or unreadable)"]
+    found += [f"flavor {name}" for name in flavors if name != "python_function"]
+    if "model_code_path" not in (flavors.get("python_function") or {}):
+        found.append("python_function flavor without model code (a pickled model)")
+    return found
+
+
 def version_uri(client, name: str, ref: str = CHAMPION) -> str:
     """`models:/NAME/VERSION` of `name`'s version `ref` (an alias or a version number), checked."""
     version = resolve(client, f"{name}/{ref}" if ref.isdigit() else f"{name}@{ref}")
