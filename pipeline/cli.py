@@ -31,8 +31,8 @@ def run(
     from pipeline.stages import check_outputs_owned, plan
 
     p = load_params(params)
-    plan(p, until)  # refuse bad params, a bad stage, a moved store or no API before Prefect starts
-    check_outputs_owned(p, params.resolve().parent)
+    # refuse bad params, a bad stage, a moved store or no API before Prefect starts
+    check_outputs_owned(p, params.resolve().parent, plan(p, until))
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     check_configured_api()
@@ -59,7 +59,7 @@ def stage(
     split_name(name)  # a clear error for an unknown stage or a missing task
     root = params.resolve().parent
     # bad params, paths or folders that are not the stages' own: refused, nothing written
-    check_outputs_owned(load_params(params), root)
+    check_outputs_owned(load_params(params), root, [name])
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params)
@@ -190,7 +190,7 @@ def predict(
     model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
     trust_model: Annotated[bool, typer.Option(help="Load a --model from outside this project, or "
                                                    "one holding pickles (loading runs their code).")] = False,
-    batch_size: Annotated[int, typer.Option(help="Rows per model call.")] = 512,
+    batch_size: Annotated[int, typer.Option(help="Rows per model call.", min=1)] = 512,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Predict with a registered model: one JSON line per input, the input's fields included."""
@@ -353,7 +353,7 @@ def serve_model(
     trust_model: Annotated[bool, typer.Option(help="Serve a --model from outside this project, or "
                                                    "one holding pickles (loading runs their code).")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 5000,
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 5000,
     workers: Annotated[int, typer.Option(help="Server processes.", min=1)] = 1,
     max_body_mb: Annotated[float, typer.Option(help="Largest request body; a larger one gets 413.",
                                                min=0.001)] = 10.0,
@@ -383,7 +383,7 @@ def serve_model(
 
 
 PrefectPortOption = Annotated[int, typer.Option(
-    "--port", help="Port of the project's Prefect server (a free one if taken).")]
+    "--port", help="Port of the project's Prefect server (a free one if taken).", min=1, max=65535)]
 
 
 @app.command()
@@ -534,7 +534,7 @@ def probe(
 
 @app.command()
 def ui(
-    port: Annotated[int, typer.Option(help="The port.")] = 5000,
+    port: Annotated[int, typer.Option(help="The port.", min=1, max=65535)] = 5000,
     host: Annotated[str, typer.Option(help="The interface (loopback: this machine only).")] = "127.0.0.1",
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
@@ -559,10 +559,11 @@ def main() -> None:
     else in its traceback. Secrets are masked in both, as in every log line."""
     import traceback
 
-    from components.core.redact import redact
+    from components.core.redact import install_stream_redaction, redact
     from pipeline import env
 
     env.configure()
+    install_stream_redaction()  # the libraries' own prints too
 
     def fail(message: str, code: int = 1) -> None:
         typer.echo(redact(message), err=True)

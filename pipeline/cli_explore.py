@@ -87,6 +87,8 @@ def embed(
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
+    if blank := [str(i) for i, t in enumerate(text or [], 1) if not t.strip()]:
+        raise ConfigError(f"--text {', '.join(blank)} of {len(text)}: empty or whitespace-only text")
     if pooling not in ("mean", "cls"):
         raise ConfigError(f"--pooling must be mean or cls, not {pooling!r}")
     if out.suffix not in (".parquet", ".npy") or (tokens and out.suffix == ".npy"):
@@ -98,6 +100,8 @@ def embed(
         for rows in bar(batches, "embed", unit="batch"):
             if any("text" not in row for row in rows):
                 raise ConfigError(f"{file}: every row needs a `text` field")
+            if any(not str(row["text"] or "").strip() for row in rows):
+                raise ConfigError(f"{file}: a row's `text` is empty or whitespace only")
             chunk = [row["text"] for row in rows]
             if out.suffix == ".npy":
                 vectors.append(pooled(enc, chunk, pooling))  # type: ignore[arg-type]

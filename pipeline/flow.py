@@ -224,8 +224,10 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
     """The pipeline: every stage up to `until`, skipping what DVC finds up to date; then the
     registry step for the tasks evaluated (see pipeline.publish). One run at a time per
     project: with another running, wait for it (`wait`) or refuse."""
+    from components.core.logs import plain_user_errors_on_consoles
     from pipeline.lock import project_lock
 
+    plain_user_errors_on_consoles("prefect", "prefect.flow_runs", "prefect.task_runs")
     with project_lock(Path(params_path).resolve().parent, wait), _sigterm_ends_the_stage():
         return _pipeline(params_path, until)
 

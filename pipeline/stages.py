@@ -225,20 +225,24 @@ def plan(p: Params, until: str | None = None) -> list[str]:
     return names[: last + 1]
 
 
-def check_outputs_owned(p: Params, root: Path) -> None:
-    """Before any stage runs: each folder a stage replaces whole is missing, empty or bertflow's
-    (components.core.guard), or one line names the key and the folder."""
+def check_outputs_owned(p: Params, root: Path, names: list[str]) -> None:
+    """Before the stages `names` run: each folder they replace whole is missing, empty or
+    bertflow's (components.core.guard), or one line names the key and the folder."""
     from components.core.guard import claim
 
-    folders = {f"paths.{n}": root / getattr(p.paths, n) for n in ("raw", "clean", "checkpoint",
-                                                                   "tokenizer", "pairs")}
-    folders["paths.models (encoder)"] = root / p.paths.models / "encoder"
-    for t in p.finetune.tasks:
-        folders[f"paths.tasks ({t})"] = root / p.paths.tasks / t
-        folders[f"paths.models (tasks/{t})"] = root / p.paths.models / "tasks" / t
-        folders[f"paths.models (adapted/{t})"] = root / p.paths.models / "adapted" / t
-    for key, folder in folders.items():
-        claim(folder, key)
+    for name in names:
+        stage, _, task = name.partition("@")
+        replaces = {"ingest": ("paths.raw", p.paths.raw), "clean": ("paths.clean", p.paths.clean),
+                    "checkpoint": ("paths.checkpoint", p.paths.checkpoint),
+                    "tokenizer": ("paths.tokenizer", p.paths.tokenizer),
+                    "pairs": ("paths.pairs", p.paths.pairs),
+                    "pretrain": ("paths.models (encoder)", f"{p.paths.models}/encoder"),
+                    "task_data": (f"paths.tasks ({task})", f"{p.paths.tasks}/{task}"),
+                    "adapt": (f"paths.models (adapted/{task})", f"{p.paths.models}/adapted/{task}"),
+                    "finetune": (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")}
+        if stage in replaces:
+            key, folder = replaces[stage]
+            claim(root / folder, key)
 
 
 def metrics_file(p: Params, root: Path, name: str) -> Path:

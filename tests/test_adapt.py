@@ -8,6 +8,7 @@ import torch
 
 from components.core.config import AdaptConfig, FinetuneConfig, ModelConfig, PretrainConfig, TaskConfig
 from components.core.errors import DataError
+from components.core.guard import OWNED
 from components.data.tasks.folder import read_split
 from components.data.tasks.prepare import prepare_task
 from components.data.tokenizer import load
@@ -76,7 +77,7 @@ def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tin
     out = tmp_path / "adapted"
     assert adapt_task(SMALL, False, REVIEWS, ModelConfig(), PRETRAIN, reviews, tiny_encoder, out,
                       tmp_path / "work") == {"adapted": False}
-    assert [p.name for p in out.iterdir()] == ["bertflow.json"]
+    assert sorted(p.name for p in out.iterdir()) == [OWNED, "bertflow.json"]
     cfg = FinetuneConfig(tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"], lr_grid=[])
     with pytest.raises(DataError, match="holds no adapted encoder; run the adapt stage"):
         finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model", adapted_dir=out)

@@ -4,6 +4,7 @@ stage's failed run). The commands run in this process, through the console entry
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,19 @@ def _link_outside(root: Path) -> None:
     (root / "data" / "user" / "c" / "a.txt").symlink_to(root.parent / "elsewhere.txt")
 
 
+def _link_loop(root: Path) -> None:
+    _params(root, ingest={"sources": [{"name": "mine", "kind": "txt_dir", "path": "data/user/c"}]})
+    (root / "data" / "user" / "c").mkdir(parents=True)
+    (root / "data" / "user" / "c" / "a.txt").symlink_to("b.txt")
+    (root / "data" / "user" / "c" / "b.txt").symlink_to("a.txt")
+
+
+def _fifo_task(root: Path) -> None:
+    _params(root, finetune={"tasks": {"mine": {"kind": "classification", "source": "data/user/t.csv"}}})
+    (root / "data" / "user").mkdir(parents=True)
+    os.mkfifo(root / "data" / "user" / "t.csv")  # reading it would wait for a writer forever
+
+
 JSONL_SOURCE = {"sources": [{"name": "j", "kind": "jsonl", "path": "data/user/docs.jsonl"}]}
 CSV_TASK = {"tasks": {"mine": {"kind": "classification", "source": "data/user/t.csv"}}}
 CASES = {
@@ -77,6 +91,13 @@ CASES = {
     "corpus_missing_folder": (_with(ingest={"sources": [{"name": "m", "kind": "txt_dir", "path": "nope"}]}),
                               ["stage", "ingest"], "ingest source 'm':"),
     "corpus_link_outside": (_link_outside, ["stage", "ingest"], "outside the project"),
+    "corpus_link_loop": (_link_loop, ["stage", "ingest"], "a symbolic link loop"),
+    "task_source_fifo": (_fifo_task, ["stage", "task_data@mine"], "t.csv is a FIFO, not a file"),
+    "schedule_cron_bad": (_with(schedule={"cron": "61 * * * *"}), ["run"],
+                          "schedule.cron: '61 * * * *' is not a cron expression"),
+    "schedule_timezone_bad": (_with(schedule={"timezone": "Mars/Olympus"}), ["serve"],
+                              "schedule.timezone: 'Mars/Olympus' is not a time zone"),
+    "embed_blank_text": (_params, ["embed", "--text", "fine", "--text", ""], "--text 2 of 2: empty"),
     "task_csv_header_twice": (_write("data/user/t.csv", b"text,label,text\na,b,c\n", finetune=CSV_TASK),
                               ["stage", "task_data@mine"], "column 'text' appears more than once"),
     "predict_nothing_registered": (_params, ["predict", "movie-sentiment", "--text", "fine"],

@@ -57,7 +57,8 @@ def _project(root: Path, **sections) -> Path:
     (root.parent / "outside" / "keep.txt").write_text("not the project's\n")
     (root / "data" / "ext").symlink_to(root.parent / "outside")
     (root / "data" / "ulink").symlink_to(root / "data" / "user")
-    sections.setdefault("ingest", {"sources": [{"name": "mine", "kind": "txt_dir", "path": "data/in/corpus"}]})
+    sections.setdefault("ingest", {"sources": [{"name": "mine", "kind": "txt_dir",
+                                                "path": "data/in/corpus"}]})
     sections.setdefault("finetune", {"tasks": {"mine": {"kind": "classification",
                                                         "source": "data/tasks-in/mine"}}})
     params = write_params(root, small_params(**sections))
@@ -151,7 +152,8 @@ def test_every_output_argument_of_every_command_is_in_the_catalogue():
         for group in typer_app.registered_groups:
             yield from commands(group.typer_instance)
 
-    with_outputs = {name for name, callback in commands(app) if "out" in inspect.signature(callback).parameters}
+    with_outputs = {name for name, callback in commands(app)
+                    if "out" in inspect.signature(callback).parameters}
     covered = {argv[0] for _, argv, _ in CATALOGUE.values()}
     assert with_outputs <= covered, with_outputs - covered
 

@@ -91,3 +91,28 @@ def test_a_failed_flow_run_keeps_no_secret_in_its_prefect_state(tmp_path, prefec
     state = pipeline_flow(str(params), "ingest", return_state=True)
     assert state.is_failed()
     assert "http://alice:***@127.0.0.1:9" in state.message and SECRET not in state.message
+
+
+@pytest.mark.slow
+def test_mlflows_own_view_run_lines_come_out_without_the_password(tmp_path):
+    """MLflow prints "View run ... at: <tracking URI>" to stdout itself, past any logger."""
+    from tests.conftest import BIN
+    from tests.test_lifecycle import _env, _free_port, _start, _stop
+
+    port = _free_port()
+    server = _start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+                     "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"],
+                    tmp_path, _env(), f"http://127.0.0.1:{port}/health", tmp_path / "server.log")
+    try:
+        params = write_params(tmp_path / "project", {"tracking": {
+            "uri": f"http://alice:{SECRET}@127.0.0.1:{port}"}, "ingest": {"sources": [
+                {"name": "mine", "kind": "txt_dir", "path": "corpus"}]}})
+        (tmp_path / "project" / "corpus").mkdir()
+        (tmp_path / "project" / "corpus" / "a.txt").write_text("One sentence here. And another one.\n")
+        proc = run_cli("bertflow", "stage", "ingest", "-p", str(params), cwd=tmp_path / "project",
+                       check=False, env={"MLFLOW_TRACKING_PASSWORD": ""})
+    finally:
+        _stop(server)
+    output = proc.stdout + proc.stderr
+    assert "View run ingest at: http://alice:***@127.0.0.1:" in output, output[-3000:]
+    assert SECRET not in output

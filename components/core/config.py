@@ -660,6 +660,11 @@ def check(p: Params, where: str) -> None:
                    "layers, hidden, heads and intermediate must each be at least 1"),
                   (size.heads < 1 or size.hidden % size.heads == 0, f"{key}.heads",
                    f"must divide hidden ({size.hidden})")]
+    rules += [(_is_cron(p.schedule.cron), "schedule.cron",
+               f"{p.schedule.cron!r} is not a cron expression (minute hour day month weekday, "
+               "or @daily ...)"),
+              (_is_timezone(p.schedule.timezone), "schedule.timezone",
+               f"{p.schedule.timezone!r} is not a time zone (UTC, Europe/Paris ...)")]
     for i, r in enumerate(p.clean.replacements):
         rules.append((_compiles(r.pattern), f"clean.replacements[{i}].pattern",
                       f"{r.pattern!r} is not a valid regular expression"))
@@ -710,6 +715,32 @@ def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def _is_cron(expression: str) -> bool:
+    """What Prefect's schedule takes: five fields, or one of cron's @ names."""
+    from datetime import datetime
+
+    from cronsim import CronSim, CronSimError
+
+    names = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+    if expression.strip() in names:
+        return True
+    try:
+        CronSim(expression, datetime(2026, 1, 1))
+    except CronSimError:
+        return False
+    return True
+
+
+def _is_timezone(name: str) -> bool:
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 def _join(where: str, key: str) -> str:

@@ -35,6 +35,26 @@ def iter_rows(folder: Path, columns: tuple[str, ...]) -> Iterator[dict]:
         yield from pq.read_table(path, columns=list(columns)).to_pylist()
 
 
+def special_file(path: Path) -> str:
+    """What `path` is when it is neither a regular file nor a folder ("a FIFO", "a socket", "a
+    device"), else "". Reading a FIFO would wait forever for a writer; a device may never end."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return ""
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def printable(path: Path | str) -> str:
+    """`path` as text that can be printed and stored: a file name that is not UTF-8 (its bytes
+    kept by Python as surrogates) shows its odd bytes as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 TEMP_MARK = ".bertflow-temp"  # in every temp folder a stage makes: only those are ever cleaned up
 
 

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -66,6 +67,29 @@ def install_log_redaction() -> None:
 
     factory.redacts = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(factory)
+
+
+class RedactingStream:
+    """A text stream that masks secrets in everything written through it: the libraries' own
+    prints (MLflow writes "View run ... at: <tracking URI>" straight to stdout)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def install_stream_redaction() -> None:
+    """Route this process's stdout and stderr through RedactingStream (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))
 
 
 def masks_errors(fn: Callable[P, R]) -> Callable[P, R]:

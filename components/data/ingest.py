@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from components.core.config import IngestConfig, SourceConfig
 from components.core.errors import DataError
-from components.core.io import atomic_dir, shard_name
+from components.core.io import atomic_dir, printable, shard_name, special_file
 from components.core.packages import ensure_package
 from components.core.progress import bar
 from components.data import validation
@@ -81,10 +81,14 @@ def _read_txt(path: Path, where: str, fallback: str, stats: IngestStats) -> str 
     return text
 
 
-def _files(base: Path, suffixes: tuple[str, ...], source: SourceConfig, project: Path) -> list[Path]:
+def _files(base: Path, suffixes: tuple[str, ...], source: SourceConfig, project: Path,
+           stats: IngestStats) -> list[Path]:
     """The files under `base` with one of `suffixes`, sorted. Symbolic links are followed when
-    they stay inside the project or `base`; one that leads elsewhere, or nowhere, is an error:
-    DVC tracks only what is inside, so a run elsewhere would read other data."""
+    they stay inside the project or `base`; one that leads elsewhere, or nowhere, or in a loop,
+    is an error: DVC tracks only what is inside, so a run elsewhere would read other data.
+    FIFOs, sockets and devices are skipped and counted (reading one may never end)."""
+    if kind := special_file(base):
+        raise DataError(f"ingest source '{source.name}': {base} is {kind}, not a file or folder")
     if base.is_file():
         return [base]
     if not base.is_dir():
@@ -94,12 +98,20 @@ def _files(base: Path, suffixes: tuple[str, ...], source: SourceConfig, project:
     for folder, dirs, names in os.walk(base, followlinks=True):
         dirs[:] = [d for d in sorted(dirs) if _first_visit(Path(folder) / d, seen)]  # no link cycles
         for path in (Path(folder) / n for n in names if Path(n).suffix.lower() in suffixes):
-            real = path.resolve()
-            if not real.exists():
-                raise DataError(f"{path}: a broken symbolic link (to {real}); remove or fix it")
+            try:
+                real = path.resolve(strict=True)
+            except FileNotFoundError:
+                raise DataError(f"{printable(path)}: a broken symbolic link (to "
+                                f"{printable(os.path.realpath(path))}); remove or fix it") from None
+            except (OSError, RuntimeError):  # Python raises either for a loop
+                raise DataError(f"{printable(path)}: a symbolic link loop; remove or fix it") from None
             if not any(real == top or top in real.parents for top in inside):
-                raise DataError(f"{path}: leads to {real}, outside the project; copy the file in "
-                                "(DVC versions only what is inside the project)")
+                raise DataError(f"{printable(path)}: leads to {printable(real)}, outside the project; "
+                                "copy the file in (DVC versions only what is inside the project)")
+            if kind := special_file(real):
+                stats.note("not_a_regular_file", f"{source.name}:{printable(path.relative_to(base))} "
+                                                 f"({kind})")
+                continue
             files.append(path)
     return sorted(files)
 
@@ -182,16 +194,16 @@ def iter_source(source: SourceConfig, root: Path, packages_dir: Path, stats: Ing
     if base is None:
         raise DataError(f"ingest source '{source.name}': kind {source.kind} needs a path")
     if source.kind == "txt_dir":
-        for path in _files(base, (".txt",), source, root):
-            rel = path.relative_to(base) if base.is_dir() else Path(path.name)
-            text = _read_txt(path, f"{source.name}:{rel.as_posix()}", fallback, stats)
+        for path in _files(base, (".txt",), source, root, stats):
+            rel = printable(path.relative_to(base) if base.is_dir() else Path(path.name))
+            text = _read_txt(path, f"{source.name}:{rel}", fallback, stats)
             if text is not None:
-                yield rel.as_posix(), text
+                yield rel, text
     elif source.kind == "jsonl":
-        for path in _files(base, (".jsonl", ".json"), source, root):
+        for path in _files(base, (".jsonl", ".json"), source, root, stats):
             yield from _iter_jsonl(path, source)
     else:
-        for path in _files(base, (".parquet",), source, root):
+        for path in _files(base, (".parquet",), source, root, stats):
             yield from _iter_parquet(path, source)
 
 
@@ -241,6 +253,8 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
                 size += len(text)
                 if size >= cfg.shard_chars:
                     flush()
+            if not stats.documents[source.name]:  # beside others that have some: say so
+                stats.note("source_without_documents", source.name)
         flush()
         if len(stats.problems) < sum(stats.dropped.values()):
             log.warning("ingest: %d inputs dropped in all: %s", sum(stats.dropped.values()),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from components.core.errors import ConfigError, DataError
+from components.core.io import special_file
 from components.data.tasks.folder import SPLIT_NAMES
 from components.data.tasks.source import (
     ROLES,
@@ -38,11 +40,15 @@ def load_user(path: Path, ctx: Context) -> dict[str, list[Example]]:
     def shown(p: Path) -> str:
         return str(p.relative_to(ctx.root)) if p.is_relative_to(ctx.root) else str(p)
 
+    if kind := special_file(path):
+        raise DataError(f"task '{ctx.name}': {path} is {kind}, not a file or folder")
     if path.is_file():
         ctx.source = f"file {shown(path)}"
         return split_all(_read_user_file(path, ctx), ctx)
     files: dict[str, Path] = {}
     for p in sorted(path.iterdir()):
+        if (kind := special_file(p)) and p.stem.lower() in SPLIT_ALIASES:
+            raise DataError(f"{p}: {kind}, not a regular file; give a file")
         split = SPLIT_ALIASES.get(p.stem.lower()) if p.is_file() else None
         if split is None or not _usable(p, ctx.task.kind):
             continue
@@ -100,7 +106,7 @@ def _read_table_file(path: Path, fmt: str, ctx: Context) -> list[Example]:
     columns = _role_columns(ctx)
     rows = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}[fmt]
     out = []
-    for where, record in rows(path, columns):
+    for where, record in rows(path, columns, ctx.changed):
         ex: Example = {"_where": where}
         for role, column in columns.items():
             ex[role] = _value(record[column], role, column, where)
@@ -116,9 +122,9 @@ def _missing(path: Path, columns: dict[str, str], present: list[str], where: str
             raise DataError(f"{where}: no column '{column}'{hint}; columns present: {present}")
 
 
-def _csv_rows(path: Path, columns: dict[str, str]) -> Any:
+def _csv_rows(path: Path, columns: dict[str, str], changed: Counter) -> Any:
     """(where, row) of a CSV/TSV file with a header line."""
-    text = read_text(path)
+    text = read_text(path, changed)
     reader = csv.DictReader(io.StringIO(text, newline=""),
                             delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
     try:
@@ -144,9 +150,9 @@ def _lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
-def _jsonl_rows(path: Path, columns: dict[str, str]) -> Any:
+def _jsonl_rows(path: Path, columns: dict[str, str], changed: Counter) -> Any:
     """(where, record) of a JSON Lines file: one object per line."""
-    for lineno, line in enumerate(_lines(read_text(path)), 1):
+    for lineno, line in enumerate(_lines(read_text(path, changed)), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -161,7 +167,7 @@ def _jsonl_rows(path: Path, columns: dict[str, str]) -> Any:
         yield where, record
 
 
-def _parquet_rows(path: Path, columns: dict[str, str]) -> Any:
+def _parquet_rows(path: Path, columns: dict[str, str], changed: Counter) -> Any:
     """(where, row) of a Parquet file; rows are numbered from 0."""
     try:
         table = pq.read_table(path)
@@ -205,7 +211,7 @@ def read_conll(path: Path, columns: dict[str, str], ctx: Context) -> list[Exampl
             tokens.clear()
             tags.clear()
 
-    for lineno, line in enumerate(_lines(read_text(path)), 1):
+    for lineno, line in enumerate(_lines(read_text(path, ctx.changed)), 1):
         parts = line.split("\t") if "\t" in line else line.split()
         parts = [p.strip() for p in parts]
         if not any(parts):

@@ -3,6 +3,7 @@ context (which counts what was dropped or repaired, for the stats), splitting an
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +13,11 @@ import numpy as np
 
 from components.core.config import TaskConfig
 from components.core.errors import DataError
+from components.core.io import special_file
 from components.data.tasks.folder import SPLIT_NAMES
 from components.data.text import decode_bytes
 
+log = logging.getLogger(__name__)
 KINDS = ("classification", "pair", "token", "span")
 ROLES = {
     "classification": ("text", "label"),
@@ -67,8 +70,12 @@ def split_all(items: list, ctx: Context) -> dict[str, list]:
                          ctx.task.split_seed)
 
 
-def read_text(path: Path) -> str:
-    """A text file as str: UTF-8, else the fallback encoding; unreadable files are errors."""
+def read_text(path: Path, changed: Counter | None = None) -> str:
+    """A text file as str: UTF-8, else the fallback encoding (counted in `changed` and logged,
+    when given: a user's file); unreadable files and FIFOs, sockets or devices are errors."""
+    if kind := special_file(path):
+        raise DataError(f"{path}: {kind}, not a regular file; give a file (reading it would wait "
+                        "for a writer or never end)")
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -76,6 +83,9 @@ def read_text(path: Path) -> str:
     text, status = decode_bytes(data, FALLBACK)
     if status == "binary":
         raise DataError(f"{path}: not a readable text file (binary content)")
+    if status == "fallback" and changed is not None:
+        changed["non_utf8_decoded_files"] += 1
+        log.warning("%s is not UTF-8; decoded as %s (save it as UTF-8 to be sure)", path, FALLBACK)
     return text or ""
 
 
