@@ -128,9 +128,9 @@ def _snapshot_path(stages: Path, out: Path) -> Path:
     cfg = PretrainConfig(**TINY_PRETRAIN)
     bert = bert_config(ModelConfig(preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
     run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer", CheckpointInfo(init_from=""))
-    path = out / "snapshots" / run / "last.ckpt"
-    path.parent.mkdir(parents=True)
-    return path
+    from components.core.guard import make_owned
+
+    return make_owned(out / "snapshots" / run) / "last.ckpt"  # as pretraining makes it
 
 
 class _RunsCode:

@@ -174,7 +174,8 @@ class _Payload:
 
 @pytest.mark.parametrize("where", ["inside", "outside"])
 def test_a_pickled_model_is_refused_inside_the_project_as_outside(where, tmp_path, monkeypatch, capfd):
-    import cloudpickle
+    import pickle
+
     import yaml
 
     from pipeline.cli import main
@@ -184,7 +185,7 @@ def test_a_pickled_model_is_refused_inside_the_project_as_outside(where, tmp_pat
     model = (project / "data" / "evil") if where == "inside" else (tmp_path / "evil")
     model.mkdir(parents=True)
     marker = tmp_path / "payload-ran"
-    (model / "python_model.pkl").write_bytes(cloudpickle.dumps(_Payload(marker)))
+    (model / "python_model.pkl").write_bytes(pickle.dumps(_Payload(marker)))
     (model / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": {
         "loader_module": "mlflow.pyfunc.model", "python_model": "python_model.pkl"}}}))
     trust = [] if where == "inside" else ["--trust-model"]  # outside: past the first refusal

@@ -13,6 +13,7 @@ import pytest
 
 from components.core.config import FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError, DataError, ValidationError
+from components.core.guard import OWNED
 from components.data.tasks import builtin, checks
 from components.data.tasks.folder import SCHEMAS, read_meta, read_split
 from components.data.tasks.prepare import prepare_task
@@ -72,7 +73,7 @@ def test_csv_classification_end_to_end(tmp_path):
     task = TaskConfig("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
     stats, out = prepare(tmp_path, task)
     assert sorted(p.name for p in out.iterdir()) == [
-        "meta.json", "test.parquet", "train.parquet", "valid.parquet"]
+        OWNED, "meta.json", "test.parquet", "train.parquet", "valid.parquet"]
     assert stats["examples"] == {"train": 80, "valid": 10, "test": 10}
     assert read_meta(out) == {"task": "t", "kind": "classification", "labels": ["bad", "good", "meh"]}
     train = read_split(out, "train")
