@@ -4,6 +4,8 @@ row and leaves nothing half-written, or goes on with what it dropped counted in 
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -143,22 +145,50 @@ class _RunsCode:
         return Path.touch, (self.marker,)
 
 
-@pytest.mark.parametrize("content", ["damaged", "pickled code"])
-def test_a_damaged_or_unsafe_snapshot_is_refused_by_name(tiny_stages, tmp_path, content):
+def test_a_snapshot_holding_pickled_code_is_refused_by_name_and_never_run(tiny_stages, tmp_path):
     import torch
 
     path = _snapshot_path(tiny_stages, tmp_path)
     marker = tmp_path / "code-ran"
-    if content == "damaged":
-        path.write_bytes(b"PK\x03\x04 half a zip file")
-    else:
-        torch.save({"state_dict": {}, "bertflow": {}, "callbacks": _RunsCode(marker)}, path)
-    expected = "is damaged" if content == "damaged" else "holds pickled objects"
+    torch.save({"state_dict": {}, "bertflow": {}, "callbacks": _RunsCode(marker)}, path)
     with pytest.raises(DataError) as info:
         _pretrain(tiny_stages, tmp_path)
-    assert str(path) in str(info.value) and expected in str(info.value)
+    assert str(path) in str(info.value) and "holds pickled objects" in str(info.value)
     assert not marker.exists()  # the snapshot's code never ran
     assert no_output_left(tmp_path / "encoder")
+
+
+def test_a_damaged_snapshot_is_set_aside_and_pretraining_starts_over(tiny_stages, tmp_path, caplog):
+    path = _snapshot_path(tiny_stages, tmp_path)
+    path.write_bytes(b"PK\x03\x04 half a zip file")  # what a disk failure could leave
+    stats = _pretrain(tiny_stages, tmp_path)
+    assert stats["this_run"]["resumed"] == 0 and stats["steps"] == TINY_PRETRAIN["max_steps"]
+    assert (tmp_path / "encoder" / "model.safetensors").is_file()
+    assert f"the snapshot {path} is damaged" in caplog.text
+    assert not path.parent.exists()  # the run's snapshots, the damaged one too, go with the export
+
+
+def test_a_snapshot_that_cannot_be_written_leaves_the_last_good_one_and_names_the_folder(tmp_path):
+    import torch
+
+    from components.training.snapshot_io import AtomicCheckpointIO
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    try:
+        io = AtomicCheckpointIO()
+        io.save_checkpoint({"w": torch.zeros(4_000)}, tiny / "last.ckpt")  # 16 kB: fits
+        good = (tiny / "last.ckpt").read_bytes()
+        with pytest.raises(OSError) as info:  # 48 kB beside the 16 kB one: the disk fills
+            io.save_checkpoint({"w": torch.ones(12_000)}, tiny / "last.ckpt")
+        assert info.value.filename == str(tiny) and "No space left on device" in str(info.value)
+        assert (tiny / "last.ckpt").read_bytes() == good and os.listdir(tiny) == ["last.ckpt"]
+        assert torch.load(tiny / "last.ckpt")["w"].shape == (4_000,)
+    finally:
+        subprocess.run(["umount", "-l", str(tiny)], check=True)
 
 
 # ------------------------------------------------------------------------------- fine-tuning

@@ -35,6 +35,7 @@ from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoi
 from components.training.common import resolve_precision
 from components.training.pretrain_data import masking_spec, most_frequent_baseline
 from components.training.pretrain_module import PairsData, PretrainModule
+from components.training.snapshot_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
 
@@ -81,31 +82,38 @@ def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path,
     return h.hexdigest()
 
 
-def checked_snapshot(path: Path) -> Path:
-    """`path` if it is a snapshot this code can resume from, safely: else a clear error.
+def checked_snapshot(path: Path) -> Path | None:
+    """`path` if it is a snapshot this code can resume from, safely; None (and the file set
+    aside, with a warning) if it is damaged, so the run starts over by itself.
 
-    Snapshots live in the project's own work folder, keyed by the run's fingerprint; one that
-    does not load as weights only (damaged, or holding pickled objects) is refused, not run.
+    Snapshots live in the project's own work folder, keyed by the run's fingerprint, and are
+    written whole or not at all (snapshot_io); one that holds pickled objects beyond weights is
+    refused, never loaded: it did not come from this code.
     """
     import pickle
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "GLOBAL" not in str(e):  # torch names the class it refused: else the file is damaged
-            raise DataError(f"pretrain: cannot resume from {path}, it is damaged (not a torch "
-                            f"snapshot); delete it to start pretraining over") from None
-        raise DataError(f"pretrain: refusing to resume from {path}: it holds pickled objects "
-                        f"beyond weights, which could run code when loaded; delete it to start "
-                        f"pretraining over") from None
+        if "GLOBAL" in str(e):  # torch names the class it refused: else the file is damaged
+            raise DataError(f"pretrain: refusing to resume from {path}: it holds pickled objects "
+                            f"beyond weights, which could run code when loaded; delete it to start "
+                            f"pretraining over") from None
+        return _set_aside(path, "not a torch snapshot")
     except Exception as e:  # noqa: BLE001 - damaged in any way means the same to the user
-        raise DataError(f"pretrain: cannot resume from {path}, it is damaged ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0]}); delete it to start pretraining over") from None
+        return _set_aside(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     if not isinstance(state, dict) or "state_dict" not in state or "bertflow" not in state:
-        raise DataError(f"pretrain: {path} is not a snapshot of this pipeline's pretraining; "
-                        f"delete it to start pretraining over")
+        return _set_aside(path, "not a snapshot of this pipeline's pretraining")
     log.info("pretrain: resuming from %s (step %s)", path, state.get("global_step"))
     return path
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Rename a damaged snapshot to `damaged-last.ckpt` beside it (removed with its folder when
+    the run ends), so pretraining starts over instead of failing on it every run."""
+    path.replace(path.with_name(f"damaged-{path.name}"))
+    log.warning("pretrain: the snapshot %s is damaged (%s); set aside as damaged-%s, starting over",
+                path, why, path.name)
 
 
 def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
@@ -171,7 +179,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
                                    save_last=True, save_top_k=0),
                    *([LearningRateMonitor("step")] if loggers else [])],
         enable_progress_bar=progress.enabled(), enable_model_summary=False,
-        deterministic=cfg.deterministic,
+        deterministic=cfg.deterministic, plugins=[AtomicCheckpointIO()],
     )
     data = PairsData(pairs_dir, cfg, masker)
     if checkpoint.init_from and resume is None:  # where continued pretraining starts from
