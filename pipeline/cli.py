@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,18 +54,22 @@ def stage(
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
     from components.core.config import load_params
+    from components.core.tracking import close_dead_runs
     from pipeline.lock import project_lock
-    from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
+    from pipeline.stages import PARENT_RUN_ENV, check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
     root = params.resolve().parent
+    p = load_params(params)
     # bad params, paths or folders that are not the stages' own: refused, nothing written
-    check_outputs_owned(load_params(params), root, [name])
+    check_outputs_owned(p, root, [name])
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params)
         return
     with project_lock(root, wait, what=f"bertflow stage {name}"), _terminate_as_failure():
+        if not os.environ.get(PARENT_RUN_ENV):  # on its own, as dvc repro runs it: as a run does
+            close_dead_runs(p.tracking, root)
         run_stage(name, params)
 
 
@@ -264,8 +269,6 @@ def _fetch_model(uri: str, dst: Path, trust_model: bool) -> Path:
     """The model at `uri`, downloaded into `dst` (or the folder itself), checked for pickles:
     MLflow would unpickle them on loading, which runs whatever their author put in. A model
     bertflow saved is code and safetensors; anything else needs --trust-model."""
-    import os
-
     import mlflow
 
     from components.lifecycle.registry import pickles_in
@@ -362,7 +365,6 @@ def serve_model(
     """Serve a registered model over REST until Ctrl-C or SIGTERM: MLflow's scoring server
     (POST /invocations, GET /ping), as `mlflow models serve` runs it, behind a request-body
     limit (MLflow's server alone reads any body whole into memory)."""
-    import os
     import tempfile
 
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH

@@ -252,6 +252,9 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)
+    if dead := tracking.close_dead_runs(p.tracking, root):
+        logger.warning("MLflow: marked %d runs of a killed earlier run KILLED (they were left RUNNING)",
+                       len(dead))
     names = plan(p, until)
     results: dict[str, dict] = {}
     # Up to date at the start: a stage still is until one runs (it may change their deps).

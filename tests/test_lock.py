@@ -205,12 +205,20 @@ def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project,
     assert run.wait(timeout=300) == (-sig if sig == signal.SIGKILL else 128 + sig), err[-3000:]
     with project_lock(dvc_project, wait=True, poll_seconds=0.1):
         assert not _left_running(started)
+    client = MlflowClient(f"sqlite:///{dvc_project / 'mlflow.db'}")
+
+    def status() -> dict[str, str]:
+        runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
+        return {r.data.tags.get("bertflow.stage", "flow"): r.info.status for r in runs}
+
     if sig == signal.SIGTERM:  # ended as a failure: the flow's run and the stage's, not RUNNING
         assert "error: stage pretrain: terminated by SIGTERM" in err
-        client = MlflowClient(f"sqlite:///{dvc_project / 'mlflow.db'}")
-        runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
-        status = {r.data.tags.get("bertflow.stage", "flow"): r.info.status for r in runs}
-        assert status["flow"] == status["pretrain"] == "FAILED", status
+        assert status()["flow"] == status()["pretrain"] == "FAILED", status()
+        return
+    assert status()["flow"] == "RUNNING"  # nobody left to close it ...
+    subprocess.run(["bertflow", "stage", "ingest"], cwd=dvc_project, env=env, check=True,
+                   capture_output=True)
+    assert status()["flow"] == "KILLED" and "RUNNING" not in status().values(), status()  # ... until the next
 
 
 def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusing(tmp_path):

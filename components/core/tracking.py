@@ -28,6 +28,8 @@ PARENT_TAG = "mlflow.parentRunId"
 KEY_TAG = "bertflow.run_key"  # who owns the run: retries of one Prefect task run share it
 ATTEMPTS_TAG = "bertflow.attempts"
 ERROR_TAG = "bertflow.error"
+OWNER_TAG = "bertflow.owner"  # host:pid:start time of the process that opened the run
+KILLED_TAG = "bertflow.killed"
 _MAX_PARAM = 6000  # MLflow's limit on a param value
 _SQLITE = "sqlite:///"
 _CHECKED: set[tuple[Path, Path]] = set()  # (store, project) pairs found to match, this process
@@ -220,6 +222,7 @@ def _open_run(c, cfg: TrackingConfig, root: Path, name: str, parent_run_id: str 
               tags: dict[str, Any], key: str | None) -> MlflowRun:
     """Create the run, or reopen the one an earlier attempt with the same key made."""
     all_tags = {k: redact(str(v)) for k, v in tags.items()}
+    all_tags[OWNER_TAG] = _owner()
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
     exp = experiment_id(cfg, root)
@@ -236,6 +239,41 @@ def _open_run(c, cfg: TrackingConfig, root: Path, name: str, parent_run_id: str 
     handle = MlflowRun(c, run_id, tracking_uri(cfg, root))
     handle.set_tags({**all_tags, ATTEMPTS_TAG: int(previous.get(ATTEMPTS_TAG, "1")) + 1})
     return handle
+
+
+def _owner(pid: int | None = None) -> str:
+    """This host, a process id and its start time: a pid reused by a later process differs."""
+    import socket
+
+    import psutil
+
+    proc = psutil.Process(pid)
+    return f"{socket.gethostname()}:{proc.pid}:{proc.create_time():.2f}"
+
+
+def close_dead_runs(cfg: TrackingConfig, root: Path) -> list[str]:
+    """Mark KILLED the RUNNING runs whose process on this host is gone (a SIGKILL, a power cut
+    leaves them RUNNING for ever); returns their ids. Runs of other hosts are left alone."""
+    import socket
+
+    import psutil
+
+    c, host = client(cfg, root), socket.gethostname()
+    dead = []
+    for run in c.search_runs([experiment_id(cfg, root)], "attributes.status = 'RUNNING'", max_results=1000):
+        owner_host, _, rest = run.data.tags.get(OWNER_TAG, "").partition(":")
+        pid, _, started = rest.partition(":")
+        if owner_host != host or not pid.isdigit():
+            continue
+        try:
+            alive = _owner(int(pid)).endswith(f":{pid}:{started}")
+        except psutil.Error:
+            alive = False
+        if not alive:
+            c.set_tag(run.info.run_id, KILLED_TAG, f"its process (pid {pid}) had ended without closing it")
+            c.set_terminated(run.info.run_id, "KILLED")
+            dead.append(run.info.run_id)
+    return dead
 
 
 @contextlib.contextmanager
