@@ -467,6 +467,7 @@ def report(
     from components.core.tracking import git_state
     from components.lifecycle.registry import listing
     from components.lifecycle.report import build_report
+    from pipeline.drift import drift
     from pipeline.publish import params_sha256
 
     check_output(out, "--out", params)
@@ -474,6 +475,8 @@ def report(
     header = {"project": str(root), "git commit": git_state(root).get("git.commit", "unknown"),
               "params sha256": params_sha256(p),
               "written": datetime.now(UTC).isoformat(timespec="seconds")}
+    if lines := drift(root, root / p.paths.metrics):
+        header["reference"] = " ".join(line.strip() for line in lines)
     page = build_report(root / p.paths.metrics, f"bertflow report: {root.name}",
                         listing(mlflow_client(params)), header)
     with atomic_file(out) as tmp:
@@ -484,12 +487,17 @@ def report(
 @app.command()
 def metrics(params: ParamsOption = Path("params.yaml")) -> None:
     """A screen-wide summary of the run's stats: a few numbers per stage, then each task's
-    pretrained and from-scratch scores (all of a stage's stats: metrics/*_stats.json)."""
+    pretrained and from-scratch scores (all of a stage's stats: metrics/*_stats.json); then
+    which outputs differ from the committed reference, and which machine facts differ."""
     from components.core.config import load_params
     from components.lifecycle.summary import summary
+    from pipeline.drift import drift
 
     p = load_params(params)
-    typer.echo(summary(params.resolve().parent / p.paths.metrics, list(p.finetune.tasks)), nl=False)
+    root = params.resolve().parent
+    typer.echo(summary(root / p.paths.metrics, list(p.finetune.tasks)), nl=False)
+    for line in drift(root, root / p.paths.metrics):
+        typer.echo(line)
 
 
 @app.command()
@@ -580,6 +588,9 @@ def main() -> None:
     except Exception as e:
         if type(e).__module__.startswith("pyarrow"):  # a corrupt Parquet file, say
             fail(f"error: unreadable data: {e}")
+        if any(c.__module__.startswith("dvc.") for c in type(e).__mro__):  # a damaged dvc.lock, say
+            hint = "; `git checkout dvc.lock` puts back the committed one" if "dvc.lock" in str(e) else ""
+            fail(f"error: DVC: {e}{hint}")
         fail("".join(traceback.format_exception(e)).rstrip())  # a bug, or a service failing
 
 

@@ -322,6 +322,7 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
         write_json(out, stats)
         run.log_metrics({**stats, "this_run": this_run})
         run.set_tags({f"bertflow.this_run.{k}": v for k, v in this_run.items() if isinstance(v, str)})
+        run.set_tags({f"bertflow.machine.{k}": v for k, v in stats.get("machine", {}).items()})
         if stats.get("stopped_by") == "max_minutes":
             run.set_tags({"bertflow.guard_fired": f"pretrain.max_minutes at step {stats['steps']} "
                                                   f"of {stats['max_steps']}"})

@@ -414,3 +414,13 @@ def test_a_cache_copy_that_fails_fails_the_stage_and_records_nothing(dvc_project
         versioning.commit(dvc_project, "ingest")
     assert not (dvc_project / "dvc.lock").exists()
     assert versioning.is_stale(dvc_project, "ingest")  # so the next run does it again
+
+
+@pytest.mark.slow
+def test_a_damaged_dvc_lock_is_one_line_that_says_how_to_put_it_back(dvc_project):
+    (dvc_project / "dvc.lock").write_text("stages: [cut short by a crash\n")
+    out = run_cli("bertflow", "run", "--until", "ingest", cwd=dvc_project, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: DVC: unable to read: 'dvc.lock', YAML file structure is corrupted; `git checkout "
+        "dvc.lock` puts back the committed one")

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 from components.core.config import FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
+from components.core.machine import cpu_facts
 from components.core.progress import bar
 from components.data.tasks.folder import read_meta, read_split
 from components.model.build import task_model
@@ -41,7 +42,7 @@ from components.model.metadata import TaskModelInfo, read_checkpoint_info, read_
 from components.training.batching import Batches
 from components.training.common import resolve_precision
 from components.training.finetune_module import FinetuneModule, FitSpec, score
-from components.training.workers import map_in_processes, worker_count
+from components.training.workers import map_in_processes, threads_per_worker, worker_count
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,8 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
         workers = worker_count(cfg.workers, len(cfg.init) * max(len(lrs), len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
         this_run: dict = {"workers": workers}
+        # What decides the fits' last bits, the threads of each worker among them.
+        stats["machine"] = {**cpu_facts(), "threads": threads_per_worker(workers)}
         chosen = {init: lrs[0] for init in cfg.init}
         winners: dict[str, dict] = {}
         if len(lrs) > 1:

@@ -24,6 +24,7 @@ from components.core.config import ModelConfig, PretrainConfig
 from components.core.errors import ConfigError, DataError
 from components.core.guard import make_owned, remove_owned
 from components.core.io import list_shards
+from components.core.machine import cpu_facts
 from components.data.tokenizer import load
 from components.model.build import build_model
 from components.model.checkpoint import load_checkpoint
@@ -215,6 +216,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
             "generator_parameters": sum(p.numel() for p in module.model.gen.parameters())}
            if cfg.objective == "electra" else {}),
         "world_size": trainer.world_size, "precision": resolve_precision(cfg.precision),
+        "machine": cpu_facts(),  # what decides the last bits (docs/reliability.md#reproducibility)
     }
     if checkpoint.init_from:
         stats.update(init_from=checkpoint.init_from, fresh_heads=fresh)
@@ -227,9 +229,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     write_encoder(encoder, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
                                             stats, history), tokenizer_dir, out_dir)
     remove_owned(snapshot_dir)  # the export is the product; snapshots were for resuming
-    # The float results depend on these two (measured: docs/reliability.md#reproducibility).
-    this_run = {"minutes": minutes, "resumed": int(resume is not None), "threads": torch.get_num_threads(),
-                "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    this_run = {"minutes": minutes, "resumed": int(resume is not None)}
     return {**stats, "history": history, "this_run": this_run}
 
 

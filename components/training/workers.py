@@ -23,11 +23,16 @@ def worker_count(workers: int, items: int) -> int:
     return max(1, min(workers, items))
 
 
+def threads_per_worker(workers: int) -> int:
+    """Torch threads of each of `workers` processes: the cores split between them."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def map_in_processes(fn: Callable[..., Any], shared: Any, items: Sequence[tuple], workers: int,
                      desc: str) -> list[Any]:
     """`[fn(shared, *item) for item in items]` in `workers` spawned processes, in order; `shared`
     is shipped once to each process, and the cores are split between them."""
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = threads_per_worker(workers)
     # Spawned, not forked: the parent's torch and tokenizers thread pools don't survive fork.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init, initargs=(fn, shared, threads)) as pool:
