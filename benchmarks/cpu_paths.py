@@ -10,7 +10,8 @@ Two settings with one hash take the same code path here; whether a pin makes two
 agree needs this run on both (compare the hashes of the same setting across machines).
 
 Usage:  python benchmarks/cpu_paths.py [--steps 30]
-Writes the "CPU code paths" section of benchmarks/RESULTS.md.
+Writes the section "CPU code paths (<cpu id>)" of benchmarks/RESULTS.md: one per CPU model, so
+that runs on other machines add theirs beside it and the hashes of one setting can be compared.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def main() -> None:
     rows = [f"| {name} | `{r['sha256']}` | {'same' if r['sha256'] == ref['sha256'] else 'differs'} | "
             f"{r['loss']:.6f} | {r['step_s'] / ref['step_s']:.2f} |" for name, r in results.items()]
     text = "\n".join([
-        SECTION, "",
+        f"{SECTION} ({facts['cpu_id'] or facts['cpu_model']})", "",
         f"Reproduce: `python benchmarks/cpu_paths.py --steps {args.steps}` (a fresh process per "
         "setting; the default shape, fixed seeded batches, AdamW).",
         "",

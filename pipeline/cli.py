@@ -588,9 +588,6 @@ def main() -> None:
     except Exception as e:
         if type(e).__module__.startswith("pyarrow"):  # a corrupt Parquet file, say
             fail(f"error: unreadable data: {e}")
-        if any(c.__module__.startswith("dvc.") for c in type(e).__mro__):  # a damaged dvc.lock, say
-            hint = "; `git checkout dvc.lock` puts back the committed one" if "dvc.lock" in str(e) else ""
-            fail(f"error: DVC: {e}{hint}")
         fail("".join(traceback.format_exception(e)).rstrip())  # a bug, or a service failing
 
 

@@ -22,12 +22,16 @@ def is_dvc_project(root: Path) -> bool:
 @contextlib.contextmanager
 def _repo(root: Path) -> Iterator:
     from dvc.repo import Repo
+    from dvc.utils.serialize import ParseError
 
     # DVC resolves some paths against the working directory: work from the project root.
     with contextlib.chdir(root):
         repo = Repo(str(root))
         try:
             yield repo
+        except ParseError as e:  # a dvc.yaml or dvc.lock cut short or edited by hand
+            hint = "; `git checkout dvc.lock` puts back the committed one" if "dvc.lock" in str(e) else ""
+            raise BertflowError(f"DVC: {e}{hint}") from None
         finally:
             repo.close()
 

@@ -85,6 +85,24 @@ def test_an_all_duplicate_corpus_fails_saying_what_was_dropped(tmp_path):
     assert no_output_left(tmp_path / "clean")
 
 
+def test_fifos_odd_file_names_and_an_empty_source_are_counted_never_waited_on(tmp_path):
+    cfg = corpus(tmp_path, {f"{t}.txt": prose(t) for t in TOPICS[:2]})
+    os.mkfifo(tmp_path / "corpus" / "pipe.txt")  # reading it would wait for a writer forever
+    name = os.fsdecode(b"caf\xe9.txt")  # a Latin-1 file name: not UTF-8
+    (tmp_path / "corpus" / name).write_text(prose("cafe"))
+    (tmp_path / "empty").mkdir()
+    cfg.sources.append(SourceConfig("nothing", "txt_dir", str(tmp_path / "empty")))
+    stats = ingest(cfg, tmp_path, PACKAGES, tmp_path / "raw")
+    assert stats["dropped"] == {"not_a_regular_file": 1, "source_without_documents": 1}
+    assert "mine:pipe.txt (a FIFO): not_a_regular_file" in stats["problems"]
+    assert "nothing: source_without_documents" in stats["problems"]
+    assert stats["documents_per_source"] == {"mine": 3}
+    import pyarrow.parquet as pq
+
+    ids = pq.read_table(tmp_path / "raw" / "part-00000.parquet").column("doc_id").to_pylist()
+    assert "mine:caf\\xe9.txt" in ids  # the odd byte shown, not a crash writing Parquet
+
+
 # ----------------------------------------------------------------------------- tokenizer, pretrain
 
 @pytest.fixture(scope="module")

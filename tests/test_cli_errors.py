@@ -132,3 +132,22 @@ def test_a_broken_input_ends_in_one_error_line_and_changes_nothing(case, tmp_pat
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, err
     assert tree(root, UNTOUCHED_BY_DESIGN) == before
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["serve-model", "x", "--port", "70000"], "--port"), (["ui", "--port", "0"], "--port"),
+    (["server", "start", "--port", "70000"], "--port"),
+    (["predict", "x", "--text", "a", "--batch-size", "0"], "--batch-size"),
+])
+def test_an_option_out_of_range_is_a_usage_error_before_anything_runs(argv, option, tmp_path, monkeypatch,
+                                                                     capfd):
+    _params(tmp_path)
+    before = tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bertflow", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capfd.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err, err
+    assert f"Invalid value for '{option}'" in err
+    assert tree(tmp_path) == before

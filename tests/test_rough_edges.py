@@ -421,6 +421,20 @@ def test_a_damaged_dvc_lock_is_one_line_that_says_how_to_put_it_back(dvc_project
     (dvc_project / "dvc.lock").write_text("stages: [cut short by a crash\n")
     out = run_cli("bertflow", "run", "--until", "ingest", cwd=dvc_project, check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert out.stderr.strip().splitlines()[-1] == (
+    assert [line for line in out.stderr.splitlines() if line.startswith("error: ")] == [
         "error: DVC: unable to read: 'dvc.lock', YAML file structure is corrupted; `git checkout "
-        "dvc.lock` puts back the committed one")
+        "dvc.lock` puts back the committed one"]
+
+
+@pytest.mark.slow
+def test_a_stage_that_fails_under_run_prints_no_traceback_of_prefects_before_its_error(tmp_path):
+    (tmp_path / "data" / "user").mkdir(parents=True)
+    (tmp_path / "data" / "user" / "docs.jsonl").write_text('{"text": "Fine. Also fine."}\n{broken\n')
+    write_params(tmp_path, small_params(
+        ingest={"sources": [{"name": "mine", "kind": "jsonl", "path": "data/user/docs.jsonl"}]},
+        tracking={"uri": "sqlite:///mlflow.db"}))
+    out = run_cli("bertflow", "run", "--until", "ingest", cwd=tmp_path, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {tmp_path / 'data/user/docs.jsonl'}:2: not a valid JSON line (Expecting "
+                      "property name enclosed in double quotes: line 1 column 2 (char 1))"]

@@ -68,6 +68,20 @@ def prepare(tmp_path: Path, task: TaskConfig, name: str = "t") -> tuple[dict, Pa
 
 # ----------------------------------------------------------------------------- user files
 
+def test_a_task_file_not_in_utf8_is_decoded_counted_and_named(tmp_path, caplog):
+    rows = [{"review": f"caf\u00e9 number {i} was {['fine', 'poor'][i % 2]}", "stars": ["good", "bad"][i % 2]}
+            for i in range(60)]
+    text = "review,stars\n" + "".join(f"{r['review']},{r['stars']}\n" for r in rows)
+    (tmp_path / "reviews.csv").write_bytes(text.encode("cp1252"))  # as Excel saves it on Windows
+    task = TaskConfig("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
+    stats, out = prepare(tmp_path, task)
+    assert stats["changed"] == {"non_utf8_decoded_files": 1}
+    assert f"{tmp_path / 'reviews.csv'} is not UTF-8; decoded as cp1252" in caplog.text
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(out / "train.parquet").column("text")[0].as_py().startswith("caf\u00e9 number")
+
+
 def test_csv_classification_end_to_end(tmp_path):
     write_csv(tmp_path / "reviews.csv", reviews(100))
     task = TaskConfig("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
