@@ -54,9 +54,8 @@ def stage(
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
     from components.core.config import load_params
-    from components.core.tracking import close_dead_runs
     from pipeline.lock import project_lock
-    from pipeline.stages import PARENT_RUN_ENV, check_outputs_owned, distributed_rank, run_stage, split_name
+    from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
     root = params.resolve().parent
@@ -68,8 +67,6 @@ def stage(
         run_stage(name, params)
         return
     with project_lock(root, wait, what=f"bertflow stage {name}"), _terminate_as_failure():
-        if not os.environ.get(PARENT_RUN_ENV):  # on its own, as dvc repro runs it: as a run does
-            close_dead_runs(p.tracking, root)
         run_stage(name, params)
 
 

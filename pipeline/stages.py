@@ -271,6 +271,8 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
     root = params_path.parent
     p = load_params(params_path)
     _check_task(p, split_name(name)[1], params_path)
+    if parent_run_id is None:  # a stage on its own (by hand, or dvc repro's): as a flow does first
+        tracking.close_dead_runs(p.tracking, root)
     tags = {"bertflow.stage": name, "bertflow.status": status,
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
     if versioning.is_dvc_project(root):

@@ -253,9 +253,10 @@ def ingest(cfg: IngestConfig, root: Path, packages_dir: Path, out_dir: Path) -> 
                 size += len(text)
                 if size >= cfg.shard_chars:
                     flush()
-            if not stats.documents[source.name]:  # beside others that have some: say so
-                stats.note("source_without_documents", source.name)
         flush()
+        for source in cfg.sources:  # beside others that have some: say so (all empty: an error)
+            if not stats.documents[source.name] and stats.shards:
+                stats.note("source_without_documents", source.name)
         if len(stats.problems) < sum(stats.dropped.values()):
             log.warning("ingest: %d inputs dropped in all: %s", sum(stats.dropped.values()),
                         dict(stats.dropped))
