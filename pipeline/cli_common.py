@@ -69,10 +69,13 @@ def check_output(path: Path, name: str, params: Path, folder: bool = False) -> N
     stage outputs; a folder only if bertflow made it (components.core.guard). `name` is the
     option or argument, for the error line."""
     from components.core.config import load_params
-    from components.core.guard import check_command_output, claim
+    from components.core.guard import check_command_output, check_place, claim, project_places
 
     label = f"{name}: {path}"
-    check_command_output(path, label, load_params(params), params.resolve().parent)
+    if params.is_file():
+        check_command_output(path, label, load_params(params), params.resolve().parent)
+    else:  # outside a project (explore's --model FOLDER): the code and stores of the folder here
+        check_place(path, label, project_places(params.resolve().parent, {}))
     if folder:
         claim(path, name)
     elif path.is_dir():

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from components.core.config import PretrainConfig
+from components.core.guard import OWNED
 from components.model.masking import Masker
 from components.training.common import linear_schedule
 from components.training.pretrain_data import PairBatches, list_row_groups, masking_spec
@@ -181,7 +182,7 @@ def _check_export(project: Path) -> None:
     from components.model.hf_layout import load_hf_state_dict
 
     export = project / "data" / "models" / "encoder"
-    assert {p.suffix for p in export.iterdir()} <= {".safetensors", ".json", ".txt"}  # no pickle
+    assert {p.suffix for p in export.iterdir() if p.name != OWNED} <= {".safetensors", ".json", ".txt"}
     hf, info = BertForPreTraining.from_pretrained(export, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     ours = build_model(BertConfig(**json.loads((export / "bertflow.json").read_text())["config"]))
