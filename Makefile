@@ -17,9 +17,12 @@ $(VENV)/.installed: pyproject.toml
 	# --no-compile: Python compiles a module when it is first imported, only the ones used;
 	# compiling all ~24,000 files installed, at ~5 ms a file, took pip about two minutes.
 	$(BIN)/pip install --quiet --no-compile -e ".[dev]"
-	touch $@
+	echo "$(CURDIR)" > $@
 
+# A .venv copied along with the checkout still runs the original's code (its editable install
+# and scripts hold the old paths): the marker names the checkout it was made for.
 install: $(VENV)/.installed
+	@test "$$(cat $<)" = "$(CURDIR)" || { rm -f $<; $(MAKE) --no-print-directory install; }
 
 run: install  ## the whole pipeline on the embedded defaults (params.yaml)
 	bertflow run

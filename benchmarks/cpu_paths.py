@@ -46,8 +46,8 @@ def train(steps: int) -> dict:
     """`steps` AdamW steps of the default shape on fixed batches; the weights' hash and times."""
     import torch
 
-    from components.core.config import load_params
     from components.core.machine import cpu_facts
+    from components.core.params import load_params
     from components.model.build import build_model
     from components.model.config import IGNORE, BertConfig
 

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import write_section  # noqa: E402
-from components.core.config import load_params  # noqa: E402
 from components.core.io import list_shards  # noqa: E402
+from components.core.params import load_params  # noqa: E402
 
 SECTION = "## Data path"
 
@@ -123,7 +123,7 @@ def memory(work: Path) -> dict:
             replicate(work / "raw", base / "raw", scale, rename=True)
             for split in ("train", "heldout"):
                 replicate(work / "clean" / split, base / "clean" / split, scale, rename=False)
-        setup = (f"from pathlib import Path; from components.core.config import load_params; "
+        setup = (f"from pathlib import Path; from components.core.params import load_params; "
                  f"p = load_params('{ROOT / 'params.yaml'}'); b = Path('{base}'); ")
         out[f"clean_x{scale}"] = peak_rss(
             setup + "from components.data.clean import clean; "

@@ -19,7 +19,6 @@ Writes the "Fine-tuning against transformers' Trainer" section of benchmarks/RES
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import sys
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import read_section, write_section  # noqa: E402
-from components.core.config import load_params  # noqa: E402
+from components.core.params import load_params  # noqa: E402
 
 SECTION = "## Fine-tuning against transformers' Trainer"
 CHECKPOINT = "all-minilm-l6-v2"
@@ -64,7 +63,7 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
     from components.training.finetune import finetune_task
 
     task = p.finetune.tasks[name]
-    cfg = dataclasses.replace(p.finetune, init=["pretrained"], seeds=[seed], workers=1)
+    cfg = p.finetune.model_copy(update={"init": ["pretrained"], "seeds": [seed], "workers": 1})
     out = work / f"bertflow-{name}-{seed}"
     start = time.perf_counter()
     stats = finetune_task(name, task, cfg, task_dir, encoder, out)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import write_section  # noqa: E402
-from components.core.config import load_params  # noqa: E402
+from components.core.params import load_params  # noqa: E402
 
 SECTION = "## Batch prediction"
 

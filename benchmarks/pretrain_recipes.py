@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.core.config import ModelSize, Params, load_params  # noqa: E402
+from components.core.config import ModelSize, Params  # noqa: E402
+from components.core.params import load_params  # noqa: E402
 
 TWO = {"layers": 2, "hidden": 256, "heads": 4, "intermediate": 1024}
 FOUR = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}
@@ -109,11 +110,11 @@ def data_for(p: Params, recipe: Recipe, work: Path) -> tuple[Path, Path]:
     tok = {**MEASURED, **recipe.tokenizer}
     tokenizer = work / f"tokenizer-{_key(tok)}"
     if not tokenizer.exists():
-        train_tokenizer(dataclasses.replace(p.tokenizer, **tok), ROOT / p.paths.clean, tokenizer,
+        train_tokenizer(p.tokenizer.model_copy(update=tok), ROOT / p.paths.clean, tokenizer,
                         max_len=p.model.max_position)
     pairs = work / f"pairs-{_key(tok, recipe.pairs)}"
     if not pairs.exists():
-        make_pairs(dataclasses.replace(p.pairs, **recipe.pairs), p.executor, ROOT / p.paths.clean,
+        make_pairs(p.pairs.model_copy(update=recipe.pairs), p.executor, ROOT / p.paths.clean,
                    tokenizer, pairs)
     return tokenizer, pairs
 
@@ -125,14 +126,15 @@ def runner(work: Path, name: str):
     recipe = RECIPES[name]
     p = load_params(ROOT / "params.yaml")
     presets = {**p.model.presets, "probe": ModelSize(**recipe.size)}
-    model = dataclasses.replace(p.model, preset="probe", presets=presets)
+    model = p.model.model_copy(update={"preset": "probe", "presets": presets})
     tokenizer, pairs = data_for(p, recipe, work)
     quiet = {"val_every_steps": 10**9, "snapshot_every_steps": 10**9, "log_every_steps": 10**9}
 
     def run(steps: int, **extra) -> tuple[float, dict]:
-        cfg = dataclasses.replace(p.pretrain, **{**recipe.pretrain, **quiet, "max_steps": steps, **extra})
+        cfg = p.pretrain.model_copy(update={**recipe.pretrain, **quiet, "max_steps": steps, **extra})
         start = time.perf_counter()
-        stats = pretrain(model, cfg, pairs, tokenizer, work / f"{name}-export", work / "checkpoints")
+        stats = pretrain(model=model, cfg=cfg, pairs_dir=pairs, tokenizer_dir=tokenizer,
+                         out_dir=work / f"{name}-export", work_dir=work / "checkpoints")
         return time.perf_counter() - start, stats
 
     return p, run

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.predict_throughput import sentences  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from components.core.config import load_params  # noqa: E402
+from components.core.params import load_params  # noqa: E402
 
 SECTION = "## Serving under load"
 

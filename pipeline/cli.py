@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from components.core.errors import BertflowError
+from components.core.params import load_params
 from pipeline.cli_common import ParamsOption, check_checkout, check_output, mlflow_client, registry_client
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -22,21 +23,30 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def run(
     params: ParamsOption = Path("params.yaml"),
     until: Annotated[str | None, typer.Option(help="Stop after this stage.")] = None,
+    task: Annotated[str | None, typer.Option(
+        help="Only what this task needs, up to its evaluation, then register its model; the "
+             "other tasks are left as they are.")] = None,
     wait: Annotated[bool, typer.Option(help="If another run is going on here, wait for it "
                                             "instead of refusing.")] = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
-    from components.core.config import load_params
     from components.core.tracking import check_store
-    from pipeline.prefect_server import check_configured_api
+    from pipeline import deps, versioning
+    from pipeline.ops.prefect_server import check_configured_api
     from pipeline.stages import check_outputs_owned, plan
 
+    if task and until:
+        raise BertflowError("--task runs up to the task's evaluation: give --task or --until, not both")
+    until = f"evaluate@{task}" if task else until
     p = load_params(params)
     # refuse bad params, a bad stage, a moved store or no API before Prefect starts
     check_outputs_owned(p, params.resolve().parent, plan(p, until))
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     check_configured_api()
+    if versioning.tracks(params) and deps.write(params, params.resolve().parent / "dvc.yaml"):
+        typer.echo("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
+                   "(commit it with dvc.lock)", err=True)
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until, wait)
@@ -53,8 +63,7 @@ def stage(
                                             "instead of refusing.")] = False,
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
-    from components.core.config import load_params
-    from pipeline.lock import project_lock
+    from pipeline.ops.lock import project_lock
     from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
@@ -64,10 +73,10 @@ def stage(
     check_outputs_owned(p, root, [name])
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
-        run_stage(name, params)
+        run_stage(name, params, p=p)
         return
     with project_lock(root, wait, what=f"bertflow stage {name}"), _terminate_as_failure():
-        run_stage(name, params)
+        run_stage(name, params, p=p)
 
 
 @contextlib.contextmanager
@@ -83,7 +92,7 @@ def _terminate_as_failure() -> Iterator[None]:
     def terminated(signum: int, frame) -> None:
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if "pipeline.watchdog" not in " ".join(child.cmdline()):
+                if "pipeline.ops.watchdog" not in " ".join(child.cmdline()):
                     child.kill()
         raise SystemExit(128 + signum)
 
@@ -152,13 +161,12 @@ app.add_typer(tracking_app, name="tracking")
 @tracking_app.command()
 def relocate(
     source: Annotated[Path | None, typer.Option("--from", help="The folder the project was copied or "
-                                                "moved from [default: found from the store].")] = None,
+                                                "moved from.", show_default="found from the store")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Point a copied or moved project's mlflow.db at this folder's artifacts (it pins absolute
     paths); the old folder is neither read nor written."""
     from components.core import tracking
-    from components.core.config import load_params
 
     params = params.resolve()
     done = tracking.relocate_store(load_params(params).tracking, params.parent, source)
@@ -189,7 +197,8 @@ def predict(
     file: Annotated[Path | None, typer.Option(help="CSV or JSONL input, streamed.", exists=True,
                                               dir_okay=False)] = None,
     out: Annotated[Path | None, typer.Option(help="JSONL output (default: stdout).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
+    model: Annotated[str | None, typer.Option(help="Model URI.",
+                                              show_default="models:/TASK@champion")] = None,
     trust_model: Annotated[bool, typer.Option(help="Load a --model from outside this project, or "
                                                    "one holding pickles (loading runs their code).")] = False,
     batch_size: Annotated[int, typer.Option(help="Rows per model call.", min=1)] = 512,
@@ -349,7 +358,8 @@ def export_hf(
 @app.command("serve-model")
 def serve_model(
     task: Annotated[str, typer.Argument(help="The task (its registered model).")],
-    model: Annotated[str | None, typer.Option(help="Model URI [default: models:/TASK@champion].")] = None,
+    model: Annotated[str | None, typer.Option(help="Model URI.",
+                                              show_default="models:/TASK@champion")] = None,
     trust_model: Annotated[bool, typer.Option(help="Serve a --model from outside this project, or "
                                                    "one holding pickles (loading runs their code).")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -366,8 +376,8 @@ def serve_model(
 
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
 
-    from components.lifecycle.body_limit import MAX_BODY_ENV
-    from pipeline.ui import check_port, run_until_stopped
+    from pipeline.ops.body_limit import MAX_BODY_ENV
+    from pipeline.ops.ui import check_port, run_until_stopped
 
     uri = _model_uri(task, model, trust_model, params)
     check_port(host, port, uri)
@@ -377,7 +387,7 @@ def serve_model(
         typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
                    f"{max_body_mb:g} MB; Ctrl-C stops it)")
         code = run_until_stopped([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
-                                  "--workers", str(workers), "components.lifecycle.scoring_app:app"], env)
+                                  "--workers", str(workers), "pipeline.ops.scoring_app:app"], env)
     raise typer.Exit(code)
 
 
@@ -394,12 +404,15 @@ def serve(
     """Serve the scheduled pipeline (params `schedule`) as a Prefect deployment; Ctrl-C stops.
     Without PREFECT_API_URL it runs on the project's own Prefect server (in .prefect/), started
     here and stopped on exit unless `bertflow server start` started it."""
-    from components.core.config import load_params
     from components.core.tracking import check_store
-    from pipeline.schedule import serve as serve_schedule
+    from pipeline.flow import scheduled_flow
+    from pipeline.ops.schedule import serve as serve_schedule
+    from pipeline.stages import plan
 
-    check_store(load_params(params).tracking, params.resolve().parent)  # not in every scheduled run
-    serve_schedule(params, until, port)
+    p = load_params(params)
+    plan(p, until)  # a bad stage fails now, not at the first scheduled run
+    check_store(p.tracking, params.resolve().parent)  # not in every scheduled run
+    serve_schedule(scheduled_flow, params, until, port)
 
 
 server_app = typer.Typer(no_args_is_help=True, help="The project's own Prefect server (database in "
@@ -410,7 +423,7 @@ app.add_typer(server_app, name="server")
 @server_app.command("start")
 def server_start(port: PrefectPortOption = 4200, params: ParamsOption = Path("params.yaml")) -> None:
     """Start the project's Prefect server in the background; it stays up until `server stop`."""
-    from pipeline import prefect_server
+    from pipeline.ops import prefect_server
 
     root = params.resolve().parent
     if problem := prefect_server.scheduler_problem():
@@ -424,7 +437,7 @@ def server_start(port: PrefectPortOption = 4200, params: ParamsOption = Path("pa
 @server_app.command("stop")
 def server_stop(params: ParamsOption = Path("params.yaml")) -> None:
     """Stop the project's Prefect server (its database stays in .prefect/)."""
-    from pipeline import prefect_server
+    from pipeline.ops import prefect_server
 
     root = params.resolve().parent
     owned = prefect_server.running(root)
@@ -439,7 +452,7 @@ def server_stop(params: ParamsOption = Path("params.yaml")) -> None:
 @server_app.command("status")
 def server_status(params: ParamsOption = Path("params.yaml")) -> None:
     """Whether the project's Prefect server runs, and where its UI is; exit code 1 if not."""
-    from pipeline import prefect_server
+    from pipeline.ops import prefect_server
 
     server = prefect_server.running(params.resolve().parent)
     if server is None:
@@ -459,7 +472,6 @@ def report(
     curves, per-task metrics and plots, the transfer table, the registry (works offline)."""
     from datetime import UTC, datetime
 
-    from components.core.config import load_params
     from components.core.io import atomic_file
     from components.core.tracking import git_state
     from components.lifecycle.registry import listing
@@ -486,7 +498,6 @@ def metrics(params: ParamsOption = Path("params.yaml")) -> None:
     """A screen-wide summary of the run's stats: a few numbers per stage, then each task's
     pretrained and from-scratch scores (all of a stage's stats: metrics/*_stats.json); then
     which outputs differ from the committed reference, and which machine facts differ."""
-    from components.core.config import load_params
     from components.lifecycle.summary import summary
     from pipeline.drift import drift
 
@@ -528,7 +539,6 @@ def probe(
     import json
     import tempfile
 
-    from components.core.config import load_params
     from components.training.probe import probe as run_probe
 
     p = load_params(params)
@@ -546,7 +556,7 @@ def ui(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The MLflow UI on the project's runs and registry (and how to start Prefect's); Ctrl-C stops it."""
-    from pipeline.ui import serve_ui
+    from pipeline.ops.ui import serve_ui
 
     sys.exit(serve_ui(params, host, port))
 
@@ -566,8 +576,9 @@ def main() -> None:
     else in its traceback. Secrets are masked in both, as in every log line."""
     import traceback
 
-    from components.core.redact import install_stream_redaction, redact
-    from pipeline import env
+    from components.core.redact import redact
+    from pipeline.ops import env
+    from pipeline.ops.redaction import install_stream_redaction
 
     env.configure()
     install_stream_redaction()  # the libraries' own prints too

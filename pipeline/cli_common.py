@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from components.core.errors import BertflowError
+from components.core.params import load_params
 
 ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file.", dir_okay=False)]
 
@@ -17,7 +18,6 @@ def mlflow_client(params: Path):
     import mlflow
 
     from components.core import tracking
-    from components.core.config import load_params
 
     params = params.resolve()
     cfg = load_params(params).tracking
@@ -31,7 +31,6 @@ def registry_client(params: Path):
     """`mlflow_client`, for commands that read the registry: a project without its MLflow
     database yet gets one clear line instead of a new, empty database and a lookup that fails."""
     from components.core import tracking
-    from components.core.config import load_params
     params = params.resolve()
     uri = tracking.tracking_uri(load_params(params).tracking, params.parent)
     prefix = "sqlite:///"
@@ -42,15 +41,21 @@ def registry_client(params: Path):
 
 
 def check_checkout(root: Path) -> None:
-    """Refuse a project folder this user cannot write, and say loudly when git cannot read the
-    checkout: both happen to a bind mount owned by another uid (Docker), and the second would
-    otherwise leave every run's lineage at `git.commit: none` without a word."""
+    """Refuse a project folder this user cannot write, or a checkout whose commands run another
+    checkout's different code (a copied .venv), and say loudly when git cannot read the checkout: the first
+    and last happen to a bind mount owned by another uid (Docker), and the last would otherwise
+    leave every run's lineage at `git.commit: none` without a word."""
     import os
     import subprocess
 
     import typer
 
     hint = 'in Docker, run as the checkout\'s owner: docker run --user "$(id -u):$(id -g)" ...'
+    code = Path(__file__).resolve().parents[1]  # the checkout whose code this process runs
+    if (root / "pipeline" / "cli_common.py").is_file() and _sources(code) != _sources(root.resolve()):
+        raise BertflowError(f"{root} is a checkout of bertflow, but this command runs the code of "
+                            f"{code} (a copied .venv keeps the original's paths): run `make install` "
+                            f"in {root}, or use {code}'s own commands there")
     if not os.access(root, os.W_OK):
         raise BertflowError(f"{root} is not writable by uid {os.getuid()} (it belongs to uid "
                             f"{root.stat().st_uid}); {hint}")
@@ -64,11 +69,16 @@ def check_checkout(root: Path) -> None:
                    f"git config --global --add safe.directory {root}", err=True)
 
 
+def _sources(checkout: Path) -> dict[str, bytes]:
+    """The Python sources of a checkout's packages, by relative path."""
+    return {p.relative_to(checkout).as_posix(): p.read_bytes()
+            for package in ("components", "pipeline") for p in sorted((checkout / package).rglob("*.py"))}
+
+
 def check_output(path: Path, name: str, params: Path, folder: bool = False) -> None:
     """An output a command writes where you say: apart from the project's code, inputs, stores and
     stage outputs; a folder only if bertflow made it (components.core.guard). `name` is the
     option or argument, for the error line."""
-    from components.core.config import load_params
     from components.core.guard import check_command_output, check_place, claim, project_places
 
     label = f"{name}: {path}"

@@ -18,7 +18,7 @@ from components.core.errors import BertflowError, ConfigError
 from pipeline.cli_common import ParamsOption, check_output, registry_client
 
 ModelOption = Annotated[Path | None, typer.Option(
-    "--model", help="An exported encoder folder [default: the registry's newest encoder].",
+    "--model", help="An exported encoder folder.", show_default="the registry's newest encoder",
     file_okay=False)]
 
 
@@ -148,7 +148,7 @@ def similarity(
 
 def attention(
     text: Annotated[str, typer.Argument(help="The text to look at.")],
-    layer: Annotated[int, typer.Option(help="Layer, 1 to L [default: the last].")] = 0,
+    layer: Annotated[int, typer.Option(help="Layer, 1 to L (0: the last).")] = 0,
     head: Annotated[int, typer.Option(help="Head, 1 to the number of heads.", min=1)] = 1,
     out: Annotated[Path, typer.Option(help="The PNG to write.")] = Path("attention.png"),
     model: ModelOption = None,

@@ -1,14 +1,17 @@
-"""The project's import graph, and each stage's code dependencies for dvc.yaml drawn from it.
+"""dvc.yaml's generated parts: what each stage depends on, drawn from the code and params.yaml.
 
-A stage's code deps are the component modules its entry in pipeline/stages.py imports, and
-everything those import, transitively (imports inside functions included): an edit reruns
-exactly the stages that run the edited code. Package `__init__.py` files hold only a docstring
-(tests/test_layers.py) and are left out.
+- Code deps: the component modules a stage's entry in pipeline/stages.py imports, and everything
+  those import, transitively (imports inside functions included): an edit reruns exactly the
+  stages that run the edited code. Package `__init__.py` files hold only a docstring and are
+  left out.
+- Source deps: the files of yours a stage reads (ingest's sources, a checkpoint folder, each
+  task's file): adding one task's file reruns that task's stages, and only those.
+- Params lists: the keys each stage reads, from the stage table (pipeline/stages.py).
 
-    python -m pipeline.deps           print each stage's code deps
-    python -m pipeline.deps --write   rewrite them in dvc.yaml (the other deps stay as they are)
+    python -m pipeline.deps           print them
+    python -m pipeline.deps --write   rewrite them in dvc.yaml (`bertflow run` does it too)
 
-tests/test_layers.py fails when dvc.yaml and the imports disagree.
+tests/test_layers.py fails when dvc.yaml is not what this writes.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import re
 import sys
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from components.core.config import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("components", "pipeline")
 DVC_YAML = ROOT / "dvc.yaml"
-_CODE_DEP = re.compile(r"^\s+- components/\S+\.py\s*$")
+BUILTIN_SOURCE = "components/data/tasks/builtin.py"  # a built-in task's "source": what reads it
 
 
 def module_file(name: str) -> Path | None:
@@ -93,44 +100,92 @@ def code_deps(stage_name: str) -> list[str]:
     return sorted(f.relative_to(ROOT).as_posix() for f in files if f.name != "__init__.py")
 
 
-def with_code_deps(text: str, deps: dict[str, list[str]]) -> str:
-    """dvc.yaml's text with each stage's code deps (its `- components/...py` items) replaced by
-    `deps[stage]`, written at the end of the stage's `deps:` list; all else stays as it is."""
-    out: list[str] = []
-    stage, item = None, None  # the stage being read; the indent of its deps' items, while in them
+def source_deps(p: Params) -> dict[str, list[str]]:
+    """The files and folders of yours a stage reads, as dvc.yaml lists them: ingest's sources,
+    checkpoint's pretrain.init_from (a packaged corpus or checkpoint is pinned in the code)."""
+    from components.model.checkpoint import PACKAGED
+
+    init_from = p.pretrain.init_from
+    return {"ingest": [s.path for s in p.ingest.sources if s.kind != "package"],
+            "checkpoint": [init_from] if init_from and init_from not in PACKAGED else []}
+
+
+def task_sources(p: Params) -> dict[str, str]:
+    """What each task's task_data stage reads: your file or folder, or for a built-in dataset
+    the code that reads its pinned package."""
+    from components.data.tasks.builtin import BUILTINS
+
+    return {name: BUILTIN_SOURCE if t.source in BUILTINS else t.source
+            for name, t in p.finetune.tasks.items()}
+
+
+def generated(p: Params) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, str]]:
+    """dvc.yaml's generated parts: each stage's literal deps (sources, then code), its params
+    list, and the task sources its task_data foreach runs over."""
+    from pipeline.stages import STAGES
+
+    sources = source_deps(p)
+    deps = {name: sources.get(name, []) + code_deps(name) for name in STAGES}
+    params = {name: [k.replace("{task}", "${key}") for k in stage.params] for name, stage in STAGES.items()}
+    return deps, params, task_sources(p)
+
+
+def rewrite(text: str, deps: dict[str, list[str]], params: dict[str, list[str]],
+            sources: dict[str, str]) -> str:
+    """dvc.yaml's text with its generated parts replaced: the `vars:` block (the task sources),
+    each stage's literal deps (its `${...}` ones, outputs of other stages, stay first) and its
+    `params:` list; comments, outs and all else stay as they are."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line in ("vars:", "stages:"))
+    out = [*lines[:start], "vars:", "  - task_sources:", *(f"      {n}: {s}" for n, s in sources.items())]
+    stage, item, field = None, None, None
 
     def close() -> None:
         nonlocal item
         if item is not None:
-            out.extend(f"{item}- {d}" for d in deps[stage])
+            out.extend(f"{item}- {d}" for d in (deps if field == "deps" else params)[stage])
             item = None
 
-    for line in text.splitlines():
+    for line in lines[lines.index("stages:"):]:
         if item is not None and not line.startswith(f"{item}- "):
             close()
         if m := re.match(r"^  ([\w-]+):\s*$", line):
             stage = m.group(1)
-        elif m := re.match(r"^(\s+)deps:\s*$", line):
+        elif m := re.match(r"^(\s+)(deps|params):\s*$", line):
             out.append(line)
-            item = m.group(1) + "  "
+            item, field = m.group(1) + "  ", m.group(2)
             continue
-        if item is not None and _CODE_DEP.match(line):
+        if item is not None and (field == "params" or "${" not in line):
             continue
         out.append(line)
     close()
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    from pipeline.stages import STAGES
+def write(params_path: Path = ROOT / "params.yaml", dvc_yaml: Path = DVC_YAML) -> bool:
+    """Rewrite dvc.yaml's generated parts from the stage table, the imports and params_path;
+    True if it changed."""
+    from components.core.params import load_params
 
-    deps = {name: code_deps(name) for name in STAGES}
+    text = dvc_yaml.read_text()
+    new = rewrite(text, *generated(load_params(params_path)))
+    if new != text:
+        dvc_yaml.write_text(new)
+    return new != text
+
+
+def main(argv: list[str]) -> int:
     if argv == ["--write"]:
-        DVC_YAML.write_text(with_code_deps(DVC_YAML.read_text(), deps))
-        sys.stdout.write(f"{DVC_YAML}: code deps rewritten\n")
+        changed = write()
+        sys.stdout.write(f"{DVC_YAML}: {'rewritten' if changed else 'already current'}\n")
         return 0
-    for name, files in deps.items():
-        sys.stdout.write(f"{name}:\n" + "".join(f"  - {f}\n" for f in files))
+    from components.core.params import load_params
+
+    deps, params, sources = generated(load_params(ROOT / "params.yaml"))
+    for name in deps:
+        sys.stdout.write(f"{name}:\n  deps:\n" + "".join(f"    - {f}\n" for f in deps[name])
+                         + "  params:\n" + "".join(f"    - {k}\n" for k in params[name]))
+    sys.stdout.write("task sources:\n" + "".join(f"  {n}: {s}\n" for n, s in sources.items()))
     return 0
 
 

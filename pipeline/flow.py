@@ -20,10 +20,11 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from components.core.config import flatten, load_params
 from components.core.errors import BertflowError
-from components.core.redact import masks_errors
+from components.core.io import flatten
+from components.core.params import load_params
 from pipeline import versioning
+from pipeline.ops.redaction import masks_errors
 from pipeline.stages import (
     PARENT_RUN_ENV,
     RUN_KEY_ENV,
@@ -148,7 +149,7 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
     import sys
 
     from components.core.io import read_json
-    from pipeline.lock import under_lock
+    from pipeline.ops.lock import under_lock
 
     env = {**os.environ, PARENT_RUN_ENV: parent_run_id, RUN_KEY_ENV: key,
            **under_lock(Path(params_path).parent)}
@@ -225,7 +226,7 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
     registry step for the tasks evaluated (see pipeline.publish). One run at a time per
     project: with another running, wait for it (`wait`) or refuse."""
     from components.core.logs import plain_user_errors_on_consoles
-    from pipeline.lock import project_lock
+    from pipeline.ops.lock import project_lock
 
     plain_user_errors_on_consoles("prefect", "prefect.flow_runs", "prefect.task_runs")
     with project_lock(Path(params_path).resolve().parent, wait), _sigterm_ends_the_stage():
@@ -294,3 +295,22 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
                                  key="bertflow-run-summary",
                                  description="Stages run, skipped or failed, with headline stats")
     return results
+
+
+@flow(name="bertflow-scheduled")
+def scheduled_flow(params_path: str = "params.yaml", until: str | None = None) -> dict:
+    """Pull the data, run what is stale (up to stage `until`), update the registry, push."""
+    logger = get_run_logger()
+    root = Path(params_path).resolve().parent
+    remote = versioning.is_dvc_project(root) and versioning.has_remote(root)
+    if remote:
+        try:
+            versioning.pull(root)
+        except Exception as e:  # noqa: BLE001 - the stages recompute what the remote lacks
+            logger.warning("dvc pull: %s; stages whose outputs are missing will run", e)
+    results = pipeline_flow(params_path, until, wait=True)  # after a run started by hand, if any
+    pushed = versioning.push(root) if remote else 0
+    logger.info("dvc push: %s files", pushed)
+    registry = results.get("registry", {}).get("stats", {})
+    return {"ran": [n for n, r in results.items() if r["status"] == "ran" and n != "registry"],
+            "registered": registry.get("registered", 0), "pushed": pushed}

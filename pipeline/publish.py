@@ -12,9 +12,10 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from components.core.config import Params, load_params, to_dict
+from components.core.config import Params
 from components.core.errors import BertflowError
 from components.core.io import read_json
+from components.core.params import load_params
 from components.model.metadata import read_task_model_info
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def params_sha256(p: Params) -> str:
     """Hash of the resolved params (every key, defaults included)."""
-    return hashlib.sha256(json.dumps(to_dict(p), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(p.model_dump(), sort_keys=True).encode()).hexdigest()
 
 
 def _dvc_tags(params_path: Path, *stages: str) -> dict[str, str]:

@@ -1,87 +1,77 @@
-"""The configuration reference: every params.yaml key with its default and its docstring, as
-Markdown, generated from the dataclasses of components/core/config.py into docs/configuration.md.
+"""The configuration reference: every params.yaml key with its value in the project's params.yaml
+(an entry's optional keys: their default) and its description, as Markdown, generated from the
+schema of components/core/config.py into docs/configuration.md.
 
 `python -m pipeline.reference` rewrites that page's generated section; a test keeps it current.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
 import json
-import re
 import sys
 import typing
 from pathlib import Path
+from typing import Any
 
-import components.core.config as config
+from pydantic import BaseModel
+
+from components.core.config import Params
+from components.core.params import load_params
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "configuration.md"
 
 
-def docstrings() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the field's docstring (the string right after it)."""
-    out = {}
-    for node in ast.parse(inspect.getsource(config)).body:
-        if isinstance(node, ast.ClassDef):
-            for stmt, after in zip(node.body, node.body[1:], strict=False):
-                if (isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
-                        and isinstance(after.value, ast.Constant)):
-                    out[node.name, stmt.target.id] = " ".join(str(after.value.value).split())
-    return out
-
-
-def _element(hint) -> type | None:
-    """The dataclass a list or dict field holds (ingest.sources, finetune.tasks), if any."""
-    for arg in typing.get_args(hint):
-        if dataclasses.is_dataclass(arg):
-            return arg
+def _model_in(hint: Any) -> type[BaseModel] | None:
+    """The schema class a field holds, itself or as the items of a list or a mapping."""
+    for tp in (hint, *typing.get_args(hint)):
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            return tp
     return None
 
 
-def _default(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
-        return "required"
-    items = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
-    if any(dataclasses.is_dataclass(v) for v in items):
+def _cell(value: Any) -> str:
+    if isinstance(value, BaseModel) or (isinstance(value, list | dict) and _has_model(value)):
         return "see below"
     text = json.dumps(value, default=str)
     return f"`{text}`" if len(text) <= 40 else "see params.yaml"
 
 
-def _rows(cls: type, prefix: str, docs: dict, nested: list) -> list[str]:
-    hints = typing.get_type_hints(cls)
+def _has_model(value: list | dict) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    return any(isinstance(v, BaseModel) or isinstance(v, dict) for v in items)
+
+
+def _rows(cls: type[BaseModel], key: str, values: Any, nested: list) -> list[str]:
     rows = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            nested.append((hint, key))
-        elif (element := _element(hint)) is not None:
-            nested.append((element, f"{key}[]" if typing.get_origin(hint) is list else f"{key}.<name>"))
-        doc = re.sub(r"\|", r"\\|", docs.get((cls.__name__, f.name), ""))
-        rows.append(f"| `{key}` | {_default(f)} | {doc} |")
+    for name, f in cls.model_fields.items():
+        full = f"{key}.{name}"
+        inner = _model_in(f.annotation)
+        if inner is not None:
+            origin = typing.get_origin(f.annotation)
+            item = "[]" if origin is list else ".<name>" if origin is dict else ""
+            nested.append((inner, full + item, getattr(values, name, None) if not item else None))
+        value = getattr(values, name) if values is not None else f.default
+        shown = "required" if values is None and f.is_required() else _cell(value)
+        what = (f.description or "").replace("|", "\\|")
+        rows.append(f"| `{full}` | {shown} | {what} |")
     return rows
 
 
 def reference_markdown() -> str:
-    """The reference: a table per section of params.yaml, then one per list/dict element."""
-    docs = docstrings()
+    """A table per section of params.yaml (its values), then one per list or mapping entry (the
+    defaults of its optional keys)."""
+    params = load_params(ROOT / "params.yaml")
+    queue = [(_model_in(f.annotation), name, getattr(params, name)) for name,
+             f in Params.model_fields.items()]
     out = []
-    queue: list[tuple[type, str]] = [(hint, f.name) for f, hint in
-                                     ((f, typing.get_type_hints(config.Params)[f.name])
-                                      for f in dataclasses.fields(config.Params))]
     while queue:
-        cls, key = queue.pop(0)
-        nested: list[tuple[type, str]] = []
+        cls, key, values = queue.pop(0)
+        nested: list = []
+        column = "params.yaml" if values is not None else "default"
         out += [f"**`{key}`**: {' '.join((cls.__doc__ or '').split())}", "",
-                "| key | default | what |", "|---|---|---|", *_rows(cls, key, docs, nested), ""]
+                f"| key | {column} | what |", "|---|---|---|", *_rows(cls, key, values, nested), ""]
         queue = nested + queue
     return "\n".join(out).rstrip() + "\n"
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.core.config import Params, load_params, to_dict
+from components.core.config import Params
 from components.core.errors import BertflowError
+from components.core.params import load_params
 
 if TYPE_CHECKING:
     from components.core.tracking import MlflowRun
@@ -38,6 +39,9 @@ class Stage:
     params: tuple[str, ...]
     """params.yaml keys it reads: exactly dvc.yaml's `params:` list (a test keeps them equal);
     in a per-task stage, `{task}` stands for the task's name."""
+    replaces: Callable[[Params, str], tuple[str, str]] | None = None
+    """The folder it replaces whole, as (the params key that names it, the path), for the check
+    that it is bertflow's before anything runs (components.core.guard)."""
     artifacts: Callable[[Params, Path, str], list[Path]] = field(default=lambda p, root, task: [])
     """Small outputs to attach to the MLflow run besides the stats."""
     per_task: bool = False
@@ -89,10 +93,10 @@ def _pretrain(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
     from components.evaluation.plots import write_pretrain_curve
     from components.training.pretrain import pretrain
 
-    encoder = root / p.paths.models / "encoder"
-    stats = pretrain(p.model, p.pretrain, root / p.paths.pairs, root / p.paths.tokenizer, encoder,
-                     root / p.paths.models / "pretrain-snapshots",
-                     root / p.paths.checkpoint if p.pretrain.init_from else None,
+    stats = pretrain(model=p.model, cfg=p.pretrain, pairs_dir=root / p.paths.pairs,
+                     tokenizer_dir=root / p.paths.tokenizer, out_dir=root / p.paths.models / "encoder",
+                     work_dir=root / p.paths.models / "pretrain-snapshots",
+                     checkpoint_dir=root / p.paths.checkpoint if p.pretrain.init_from else None,
                      mlflow_run=(run.uri, run.run_id) if run else None)
     if run is None:  # a non-zero rank: rank 0 writes and records everything
         return stats
@@ -165,22 +169,28 @@ def _transfer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
 
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
     "seeds", "init", "max_seq_len", "batch_size", "lr", "lr_grid", "weight_decay", "epochs",
-    "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf", "span_threshold",
-    "workers", "deterministic"))
+    "min_steps", "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf",
+    "span_threshold", "precision", "grad_clip", "deterministic", "workers"))
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("ingest", _ingest, ("ingest",)),
-    Stage("clean", _clean, ("clean",)),
-    Stage("checkpoint", _checkpoint, ("pretrain.init_from",)),
+    Stage("ingest", _ingest, ("ingest",), replaces=lambda p, task: ("paths.raw", p.paths.raw)),
+    Stage("clean", _clean, ("clean",), replaces=lambda p, task: ("paths.clean", p.paths.clean)),
+    Stage("checkpoint", _checkpoint, ("pretrain.init_from",),
+          replaces=lambda p, task: ("paths.checkpoint", p.paths.checkpoint)),
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position", "pretrain.init_from"),
+          replaces=lambda p, task: ("paths.tokenizer", p.paths.tokenizer),
           artifacts=lambda p, root, task: [root / p.paths.tokenizer]),
-    Stage("pairs", _pairs, ("pairs",)),
+    Stage("pairs", _pairs, ("pairs",), replaces=lambda p, task: ("paths.pairs", p.paths.pairs)),
     Stage("pretrain", _pretrain, ("model", "pretrain"), own_process=True,
+          replaces=lambda p, task: ("paths.models (encoder)", f"{p.paths.models}/encoder"),
           artifacts=lambda p, root, task: [root / p.paths.metrics / "pretrain_curve.png"]),
-    Stage("task_data", _task_data, ("finetune.tasks.{task}",), per_task=True),
+    Stage("task_data", _task_data, ("finetune.tasks.{task}",), per_task=True,
+          replaces=lambda p, task: (f"paths.tasks ({task})", f"{p.paths.tasks}/{task}")),
     Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "model", "pretrain"),
-          per_task=True),
-    Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS), per_task=True),
+          per_task=True,
+          replaces=lambda p, task: (f"paths.models (adapted/{task})", f"{p.paths.models}/adapted/{task}")),
+    Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS), per_task=True,
+          replaces=lambda p, task: (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
           artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),
     Stage("transfer", _transfer, ("finetune.tasks", "evaluate", "pretrain.init_from"),
@@ -231,17 +241,9 @@ def check_outputs_owned(p: Params, root: Path, names: list[str]) -> None:
     from components.core.guard import claim
 
     for name in names:
-        stage, _, task = name.partition("@")
-        replaces = {"ingest": ("paths.raw", p.paths.raw), "clean": ("paths.clean", p.paths.clean),
-                    "checkpoint": ("paths.checkpoint", p.paths.checkpoint),
-                    "tokenizer": ("paths.tokenizer", p.paths.tokenizer),
-                    "pairs": ("paths.pairs", p.paths.pairs),
-                    "pretrain": ("paths.models (encoder)", f"{p.paths.models}/encoder"),
-                    "task_data": (f"paths.tasks ({task})", f"{p.paths.tasks}/{task}"),
-                    "adapt": (f"paths.models (adapted/{task})", f"{p.paths.models}/adapted/{task}"),
-                    "finetune": (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")}
-        if stage in replaces:
-            key, folder = replaces[stage]
+        stage, task = split_name(name)
+        if stage.replaces is not None:
+            key, folder = stage.replaces(p, task)
             claim(root / folder, key)
 
 
@@ -260,7 +262,7 @@ def lookup(data: dict, dotted: str) -> Any:
     return data
 
 
-def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: str,
+def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None, status: str,
               key: str | None = None):
     """The stage's MLflow run with its params and lineage tags: the git commit and the hashes
     DVC records in dvc.lock for the stage's deps. A task not in params is refused first, before
@@ -269,7 +271,6 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
     from pipeline import versioning
 
     root = params_path.parent
-    p = load_params(params_path)
     _check_task(p, split_name(name)[1], params_path)
     if parent_run_id is None:  # a stage on its own (by hand, or dvc repro's): as a flow does first
         tracking.close_dead_runs(p.tracking, root)
@@ -279,7 +280,7 @@ def _open_run(name: str, params_path: Path, parent_run_id: str | None, status: s
         tags.update(versioning.recorded_dep_hashes(root, name) if status == "skipped"
                     else versioning.dep_hashes(root, name))
     run = tracking.mlflow_run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
-    return p, root, run
+    return root, run
 
 
 def _check_task(p: Params, task: str, params_path: Path) -> None:
@@ -298,9 +299,10 @@ def distributed_rank() -> int:
 
 
 def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
-              run_key: str | None = None) -> dict:
+              run_key: str | None = None, p: Params | None = None) -> dict:
     """Run one stage under an MLflow run: params, stats as metrics, artifacts, lineage tags.
-    Attempts with one `run_key` (retries of a Prefect task run) share one MLflow run.
+    Attempts with one `run_key` (retries of a Prefect task run) share one MLflow run. `p` is
+    params_path's content when the caller has read it already: params load once per stage.
 
     Ranks other than 0 of a distributed run only compute: no run, no files, no records.
     """
@@ -308,13 +310,14 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
 
     stage, task = split_name(name)
     params_path = Path(params_path).resolve()
+    p = p or load_params(params_path)
     if distributed_rank() != 0:
-        return stage.call(load_params(params_path), params_path.parent, None, task)
+        return stage.call(p, params_path.parent, None, task)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
-    p, root, opened = _open_run(name, params_path, parent_run_id, "ran", run_key)
+    root, opened = _open_run(name, params_path, p, parent_run_id, "ran", run_key)
     with opened as run:
-        run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
+        run.log_params({key: lookup(p.model_dump(), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
         stats = stage.call(p, root, run, task)
         # Facts of this execution (wall minutes, workers, a resume) go to MLflow only: the
@@ -342,10 +345,11 @@ def record_skipped(name: str, params_path: Path, parent_run_id: str | None) -> d
 
     stage, task = split_name(name)
     params_path = Path(params_path).resolve()
-    p, root, opened = _open_run(name, params_path, parent_run_id, "skipped")
+    p = load_params(params_path)
+    root, opened = _open_run(name, params_path, p, parent_run_id, "skipped")
     stats_path = metrics_file(p, root, name)
     stats = read_json(stats_path) if stats_path.exists() else {}
     with opened as run:
-        run.log_params({key: lookup(to_dict(p), key) for key in stage_params(stage, task)})
+        run.log_params({key: lookup(p.model_dump(), key) for key in stage_params(stage, task)})
         run.log_metrics(stats)
     return stats

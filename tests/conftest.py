@@ -4,6 +4,7 @@ stage outputs, built once per session; real Prefect, DVC, MLflow and GX througho
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import shutil
 import socket
@@ -12,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The data packages install once into the project's side folder, shared with `make run`.
 PACKAGES = ROOT / ".cache" / "packages"
 BIN = Path(sys.executable).parent
+M = TypeVar("M")
 
 # Before anything imports prefect: a private Prefect home, and the pipeline's quiet defaults.
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="bertflow-prefect-"))
@@ -27,7 +30,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="bertflow-prefect-
 # cores shared by the test, its stage subprocesses and fine-tuning workers ran ~10% slower with
 # two threads each; and the same count everywhere keeps in-process and CLI results identical.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-from pipeline import env  # noqa: E402
+from pipeline.ops import env  # noqa: E402
 
 env.configure()
 
@@ -58,6 +61,23 @@ def small_params(**sections: dict) -> dict:
     """params.yaml of the project with the small-corpus settings and `sections` merged in."""
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     return merge(merge(base, SMALL), sections)
+
+
+@functools.cache
+def project_params():
+    """The project's params.yaml, loaded (the values every default of a test comes from)."""
+    from components.core.params import load_params
+
+    return load_params(ROOT / "params.yaml")
+
+
+def section(cls: type[M], **changes) -> M:
+    """params.yaml's section of type `cls` with `changes`, checked as a file's would be: the code
+    holds no defaults, so a test starts from the project's values as a user does."""
+    from components.core.config import Params
+
+    name = next(n for n, f in Params.model_fields.items() if f.annotation is cls)
+    return cls.model_validate({**getattr(project_params(), name).model_dump(), **changes})
 
 
 def write_params(folder: Path, data: dict) -> Path:
@@ -129,13 +149,14 @@ def _environment_as_found():
 @pytest.fixture(scope="session")
 def stages_dir(tmp_path_factory) -> Path:
     """ingest, clean and tokenizer run once on the small real corpus; tests read the outputs."""
-    from components.core.config import Params, from_dict
+    from components.core.config import Params
+    from components.core.params import parse
     from components.data.clean import clean
     from components.data.ingest import ingest
     from components.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("stages")
-    p = from_dict(Params, small_params(), "small:")
+    p = parse(Params, small_params(), "small:")
     ingest(p.ingest, out, PACKAGES, out / "raw")
     clean(p.clean, p.executor, out / "raw", out / "clean")
     train_tokenizer(p.tokenizer, out / "clean", out / "tokenizer")
@@ -148,7 +169,7 @@ def pairs_out(stages_dir) -> tuple[Path, dict]:
     from components.core.config import ExecutorConfig, PairsConfig
     from components.data.pairs import make_pairs
 
-    stats = make_pairs(PairsConfig(), ExecutorConfig(workers=2), stages_dir / "clean",
+    stats = make_pairs(section(PairsConfig), section(ExecutorConfig, workers=2), stages_dir / "clean",
                        stages_dir / "tokenizer", stages_dir / "pairs")
     return stages_dir / "pairs", stats
 
@@ -179,7 +200,7 @@ def prefect_api(tmp_path_factory) -> Iterator[str]:
     with no API configured, remove PREFECT_API_URL from their runs' environment."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipeline import prefect_server
+    from pipeline.ops import prefect_server
 
     root = tmp_path_factory.mktemp("prefect-api")
     with socket.socket() as s:  # a free port: the test processes start one server each

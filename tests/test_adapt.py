@@ -16,11 +16,13 @@ from components.model.folders import read_weights
 from components.model.metadata import read_encoder_info
 from components.training.adapt import START, adapt_task, write_task_pairs
 from components.training.finetune import finetune_task
+from tests.conftest import section
 from tests.test_finetune import _user_files
 
-REVIEWS = TaskConfig("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"})
-SMALL = AdaptConfig(steps=4, lr=1e-3, batch_size=8, max_seq_len=32)
-PRETRAIN = PretrainConfig(accelerator="cpu", val_every_steps=2)
+REVIEWS = TaskConfig(kind="classification", source="user/reviews.csv", columns={"text": "review",
+                                                                                "label": "verdict"})
+SMALL = section(AdaptConfig, steps=4, lr=1e-3, batch_size=8, max_seq_len=32)
+PRETRAIN = section(PretrainConfig, accelerator="cpu", val_every_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_the_train_and_validation_text_is_packed_in_order_without_labels_or_test
 @pytest.mark.slow
 def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews, tiny_encoder, tmp_path):
     out = tmp_path / "adapted"
-    stats = adapt_task(SMALL, True, REVIEWS, ModelConfig(), PRETRAIN, reviews, tiny_encoder, out,
+    stats = adapt_task(SMALL, True, REVIEWS, section(ModelConfig), PRETRAIN, reviews, tiny_encoder, out,
                        tmp_path / "work")
     assert stats["adapted"] and stats["steps"] == 4 and stats["init_from"] == START
     # Held-out MLM before (the encoder as it came) and after: the start is measured.
@@ -66,7 +68,8 @@ def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews
                            after["bert.encoder.layer.0.attention.self.query.weight"])
     assert not (tmp_path / "work" / "pairs").exists()  # the packed text was scratch space
 
-    cfg = FinetuneConfig(tasks={"reviews": REVIEWS}, seeds=[1], init=["pretrained", "adapted"], lr=3e-3,
+    cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, seeds=[1], init=["pretrained", "adapted"],
+                  lr=3e-3,
                          lr_grid=[], epochs=1, batch_size=16)
     fits = finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model",
                          adapted_dir=out)["fits"]
@@ -75,9 +78,9 @@ def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews
 
 def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tiny_encoder, tmp_path):
     out = tmp_path / "adapted"
-    assert adapt_task(SMALL, False, REVIEWS, ModelConfig(), PRETRAIN, reviews, tiny_encoder, out,
+    assert adapt_task(SMALL, False, REVIEWS, section(ModelConfig), PRETRAIN, reviews, tiny_encoder, out,
                       tmp_path / "work") == {"adapted": False}
     assert sorted(p.name for p in out.iterdir()) == [OWNED, "bertflow.json"]
-    cfg = FinetuneConfig(tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"], lr_grid=[])
+    cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"], lr_grid=[])
     with pytest.raises(DataError, match="holds no adapted encoder; run the adapt stage"):
         finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model", adapted_dir=out)

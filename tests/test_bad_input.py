@@ -27,9 +27,9 @@ from components.data.clean import clean
 from components.data.ingest import ingest
 from components.data.pairs import make_pairs
 from components.data.tokenizer import train_tokenizer
-from tests.conftest import PACKAGES
+from tests.conftest import PACKAGES, section
 
-SERIAL = ExecutorConfig(kind="serial")
+SERIAL = section(ExecutorConfig, kind="serial")
 TOPICS = ["budget", "river", "garden", "market", "school", "harbour", "museum", "railway"]
 
 
@@ -45,12 +45,12 @@ def corpus(root: Path, docs: dict[str, str | bytes]) -> IngestConfig:
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in docs.items():
         (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
-    return IngestConfig(sources=[SourceConfig("mine", "txt_dir", str(folder))])
+    return section(IngestConfig, sources=[SourceConfig(name="mine", kind="txt_dir", path=str(folder))])
 
 
 def ingest_and_clean(root: Path, docs: dict[str, str | bytes]) -> dict:
     ingest(corpus(root, docs), root, PACKAGES, root / "raw")
-    return clean(CleanConfig(), SERIAL, root / "raw", root / "clean")
+    return clean(section(CleanConfig), SERIAL, root / "raw", root / "clean")
 
 
 def no_output_left(folder: Path) -> bool:
@@ -91,7 +91,7 @@ def test_fifos_odd_file_names_and_an_empty_source_are_counted_never_waited_on(tm
     name = os.fsdecode(b"caf\xe9.txt")  # a Latin-1 file name: not UTF-8
     (tmp_path / "corpus" / name).write_text(prose("cafe"))
     (tmp_path / "empty").mkdir()
-    cfg.sources.append(SourceConfig("nothing", "txt_dir", str(tmp_path / "empty")))
+    cfg.sources.append(SourceConfig(name="nothing", kind="txt_dir", path=str(tmp_path / "empty")))
     stats = ingest(cfg, tmp_path, PACKAGES, tmp_path / "raw")
     assert stats["dropped"] == {"not_a_regular_file": 1, "source_without_documents": 1}
     assert "mine:pipe.txt (a FIFO): not_a_regular_file" in stats["problems"]
@@ -110,13 +110,15 @@ def tiny_stages(tmp_path_factory) -> Path:
     """ingest, clean, tokenizer and pairs of an eight-document corpus."""
     root = tmp_path_factory.mktemp("tiny")
     ingest_and_clean(root, {f"{t}.txt": prose(t, 12) for t in TOPICS})
-    train_tokenizer(TokenizerConfig(vocab_size=120), root / "clean", root / "tokenizer")
-    make_pairs(PairsConfig(max_seq_len=32), SERIAL, root / "clean", root / "tokenizer", root / "pairs")
+    train_tokenizer(section(TokenizerConfig, vocab_size=120), root / "clean", root / "tokenizer")
+    make_pairs(section(PairsConfig, max_seq_len=32), SERIAL, root / "clean", root / "tokenizer",
+               root / "pairs")
     return root
 
 
 def test_a_vocab_larger_than_the_corpus_supports_is_trimmed_with_a_warning(tiny_stages, tmp_path):
-    stats = train_tokenizer(TokenizerConfig(vocab_size=30_000), tiny_stages / "clean", tmp_path / "tok")
+    stats = train_tokenizer(section(TokenizerConfig, vocab_size=30_000), tiny_stages / "clean",
+                            tmp_path / "tok")
     assert stats["vocab_size"] < 30_000 and stats["vocab_size_requested"] == 30_000
     assert "fewer than tokenizer.vocab_size=30000" in stats["warning"]
     assert (tmp_path / "tok" / "tokenizer.json").exists()
@@ -129,8 +131,10 @@ TINY_PRETRAIN = {"max_steps": 4, "warmup_steps": 1, "batch_size": 4, "val_every_
 def _pretrain(stages: Path, out: Path, **cfg):
     from components.training.pretrain import pretrain
 
-    return pretrain(ModelConfig(preset="tiny"), PretrainConfig(**{**TINY_PRETRAIN, **cfg}),
-                    stages / "pairs", stages / "tokenizer", out / "encoder", out / "snapshots")
+    return pretrain(model=section(ModelConfig, preset="tiny"), cfg=section(PretrainConfig,
+                                                                           **{**TINY_PRETRAIN, **cfg}),
+                    pairs_dir=stages / "pairs", tokenizer_dir=stages / "tokenizer", out_dir=out / "encoder",
+                    work_dir=out / "snapshots")
 
 
 def test_a_corpus_smaller_than_one_batch_fails_before_training(tiny_stages, tmp_path):
@@ -145,8 +149,8 @@ def _snapshot_path(stages: Path, out: Path) -> Path:
     from components.model.metadata import CheckpointInfo
     from components.training.pretrain import bert_config, run_fingerprint
 
-    cfg = PretrainConfig(**TINY_PRETRAIN)
-    bert = bert_config(ModelConfig(preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
+    cfg = section(PretrainConfig, **TINY_PRETRAIN)
+    bert = bert_config(section(ModelConfig, preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
     run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer", CheckpointInfo(init_from=""))
     from components.core.guard import make_owned
 
@@ -233,7 +237,8 @@ def task_dir(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("task")
     _user_files(root / "user")
-    task = TaskConfig("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"})
+    task = TaskConfig(kind="classification", source="user/reviews.csv", columns={"text": "review",
+                                                                                 "label": "verdict"})
     prepare_task("reviews", task, root, PACKAGES, root / "reviews")
     return root / "reviews"
 
@@ -241,8 +246,8 @@ def task_dir(tmp_path_factory) -> Path:
 def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
     from components.training.finetune import finetune_task
 
-    task = TaskConfig("classification", "unused", epochs=1)
-    cfg = FinetuneConfig(seeds=[1], init=["pretrained"], lr_grid=[], workers=1)
+    task = TaskConfig(kind="classification", source="unused", epochs=1)
+    cfg = section(FinetuneConfig, seeds=[1], init=["pretrained"], lr_grid=[], workers=1)
     return finetune_task("reviews", task, cfg, task_dir, encoder_dir, out / "model")
 
 
@@ -261,7 +266,7 @@ def test_finetuning_without_an_encoder_says_to_pretrain_first(task_dir, tmp_path
 
 def test_a_tokenizer_that_does_not_match_the_encoder_is_refused(task_dir, encoder, tiny_stages, tmp_path):
     other = _copy(encoder, tmp_path / "encoder")
-    train_tokenizer(TokenizerConfig(vocab_size=80), tiny_stages / "clean", tmp_path / "tok80")
+    train_tokenizer(section(TokenizerConfig, vocab_size=80), tiny_stages / "clean", tmp_path / "tok80")
     (other / "tokenizer.json").write_bytes((tmp_path / "tok80" / "tokenizer.json").read_bytes())
     with pytest.raises(DataError, match=r"encoder: the tokenizer does not match the model: \d+ tokens"):
         _finetune(task_dir, other, tmp_path)

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from components.core.errors import DataError
-from tests.conftest import PACKAGES, run_cli
+from tests.conftest import PACKAGES, run_cli, section
 
 pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
 
@@ -158,9 +158,11 @@ def _continue(stages_dir, pairs_dir, tmp_path, name: str, **settings) -> tuple[d
     source = _corpus_checkpoint(tmp_path / "hf", stages_dir / "tokenizer")
     ckpt, out = tmp_path / name / "ckpt", tmp_path / name / "encoder"
     import_checkpoint(str(source), tmp_path, PACKAGES, ckpt)
-    cfg = PretrainConfig(init_from=str(source), batch_size=16, warmup_steps=2, lr=3e-3,
+    cfg = section(PretrainConfig, init_from=str(source), batch_size=16, warmup_steps=2, lr=3e-3,
                          short_seq_steps=0, accelerator="cpu", **settings)
-    stats = pretrain(ModelConfig(preset="tiny"), cfg, pairs_dir, ckpt, out, tmp_path / name / "work", ckpt)
+    stats = pretrain(model=section(ModelConfig, preset="tiny"), cfg=cfg, pairs_dir=pairs_dir,
+                     tokenizer_dir=ckpt,
+                     out_dir=out, work_dir=tmp_path / name / "work", checkpoint_dir=ckpt)
     return stats, load_file(ckpt / "model.safetensors"), load_file(out / "model.safetensors")
 
 

@@ -25,6 +25,25 @@ def test_help_does_not_import_heavy_libraries():
     assert not heavy & imported
 
 
+def test_every_option_shows_its_help_and_default_whole():
+    # Help text goes through rich markup: `[default: ...]` written into it vanished from
+    # `predict --help`. Defaults are typer's show_default, never written into the help.
+    import typer.main
+
+    from pipeline.cli import app
+
+    def commands(group):
+        for name, command in getattr(group, "commands", {}).items():
+            yield name, command
+            yield from commands(command)
+
+    for name, command in commands(typer.main.get_command(app)):
+        for param in command.params:
+            assert "[default" not in (getattr(param, "help", None) or ""), f"{name} {param.name}"
+    proc = run_cli("bertflow", "predict", "--help", cwd=ROOT, env={"COLUMNS": "200"})
+    assert "[default: (models:/TASK@champion)]" in proc.stdout
+
+
 def test_unknown_stage_for_until_is_refused_before_prefect_starts(tmp_path):
     params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
     proc = run_cli("bertflow", "run", "--until", "bogus", "-p", str(params), cwd=tmp_path, check=False)
@@ -84,11 +103,11 @@ def test_bad_params_name_the_key_and_unknown_stage_is_refused(tmp_path):
 
 
 def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
-    from components.core.config import Params
     from pipeline.flow import stage_groups
     from pipeline.stages import plan
+    from tests.conftest import project_params
 
-    p = Params()
+    p = project_params()
     tasks = list(p.finetune.tasks)
     names = plan(p)
     assert names[:6] == ["ingest", "clean", "checkpoint", "tokenizer", "pairs", "pretrain"]
@@ -114,8 +133,8 @@ def test_progress_bars_at_a_terminal_none_in_ci_or_in_a_log(tmp_path):
     corpus.mkdir()
     for i in range(30):
         (corpus / f"{i}.txt").write_text(f"Document {i} has a sentence. And another one here.")
-    params = write_params(tmp_path, {"ingest": {"sources": [
-        {"name": "mine", "kind": "txt_dir", "path": "corpus"}]}})
+    params = write_params(tmp_path, small_params(ingest={"sources": [
+        {"name": "mine", "kind": "txt_dir", "path": "corpus"}]}))
 
     def stderr_at_a_terminal(ci: str) -> str:
         main, terminal = pty.openpty()
@@ -149,3 +168,16 @@ def test_progress_bars_at_a_terminal_none_in_ci_or_in_a_log(tmp_path):
     logged = run_cli("bertflow", "stage", "ingest", "-p", str(params), cwd=tmp_path,
                      env={"CI": ""}).stderr  # stderr is a pipe here, as in a log
     assert "ingest mine" not in logged and "doc/s" not in logged
+
+
+def test_a_copied_checkout_refuses_to_run_the_originals_code(tmp_path):
+    # A checkout copied with its .venv: the venv's editable install still imports the original's
+    # code, so the copy's edits would silently not run.
+    copy = tmp_path / "copy"
+    (copy / "pipeline").mkdir(parents=True)
+    (copy / "pipeline" / "cli_common.py").write_text("")
+    write_params(copy, small_params())
+    proc = run_cli("bertflow", "stage", "ingest", cwd=copy, check=False)
+    assert proc.returncode != 0
+    assert f"{copy} is a checkout of bertflow, but this command runs the code of {ROOT}" in proc.stderr
+    assert "make install" in proc.stderr and not (copy / "data").exists()

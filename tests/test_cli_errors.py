@@ -69,7 +69,7 @@ CASES = {
                            "clean.min_sentense_chars: unknown key"),
     "params_heads_zero": (_with(model={"presets": {"mini": {"layers": 4, "hidden": 256, "heads": 0,
                                                             "intermediate": 1024}}}),
-                          ["stage", "ingest"], "model.presets.mini: layers, hidden, heads"),
+                          ["stage", "ingest"], "model.presets.mini.heads: must be at least 1"),
     "output_is_checkout": (_with(paths={"raw": ""}), ["stage", "ingest"], "paths.raw: '' must be a folder"),
     "output_is_your_data": (_with(paths={"raw": "data/user"}), ["run"], "overlaps paths.user_data"),
     "unknown_stage": (_params, ["stage", "pretrain-all"], "unknown stage 'pretrain-all'"),

@@ -20,9 +20,9 @@ from components.core.io import list_shards
 from components.data.clean import CLEAN_SCHEMA, choose_heldout, clean, normalize
 from components.data.ingest import RAW_SCHEMA, ingest
 from components.data.text import decode_bytes, split_sentences
-from tests.conftest import PACKAGES, ROOT
+from tests.conftest import PACKAGES, ROOT, section
 
-SERIAL = ExecutorConfig(kind="serial")
+SERIAL = section(ExecutorConfig, kind="serial")
 PROSE = ("The committee met on Tuesday to discuss the budget. Members argued about the schools. "
          "The chair asked for a vote before lunch. Nobody expected the result to be so close.")
 
@@ -44,7 +44,8 @@ def test_ingest_user_folder_counts_binary_empty_and_non_utf8(tmp_path):
     (corpus / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
     (corpus / "notes.md").write_text("not a .txt file")
     out = tmp_path / "raw"
-    stats = ingest(IngestConfig(sources=[SourceConfig("mine", "txt_dir", str(corpus))]),
+    stats = ingest(section(IngestConfig, sources=[SourceConfig(name="mine", kind="txt_dir",
+                                                               path=str(corpus))]),
                    tmp_path, PACKAGES, out)
     rows = {r["doc_id"]: r for r in _read(out)}
     assert set(rows) == {"mine:good.txt", "mine:sub/latin1.txt"}
@@ -71,19 +72,19 @@ def test_symlinks_in_a_user_folder_are_followed_inside_the_project_and_refused_o
     (project / "shared" / "speech.txt").write_text(PROSE)
     (corpus / "speeches").symlink_to(project / "shared")  # a linked folder: was skipped silently
     (corpus / "loop").symlink_to(corpus)  # a cycle: each folder once
-    sources = [SourceConfig("mine", "txt_dir", "data/user/corpus")]
-    stats = ingest(IngestConfig(sources=sources), project, PACKAGES, project / "raw")
+    sources = [SourceConfig(name="mine", kind="txt_dir", path="data/user/corpus")]
+    stats = ingest(section(IngestConfig, sources=sources), project, PACKAGES, project / "raw")
     assert {r["doc_id"] for r in _read(project / "raw")} == {"mine:speeches/speech.txt"}
     assert stats["documents"] == 1
     (elsewhere / "secret.txt").write_text(PROSE)
     (corpus / "outside.txt").symlink_to(elsewhere / "secret.txt")  # was read, unversioned
     with pytest.raises(DataError, match=r"outside.txt: leads to .*elsewhere/secret.txt, outside "
                                         r"the project"):
-        ingest(IngestConfig(sources=sources), project, PACKAGES, project / "raw2")
+        ingest(section(IngestConfig, sources=sources), project, PACKAGES, project / "raw2")
     (corpus / "outside.txt").unlink()
     (corpus / "gone.txt").symlink_to(project / "nothing.txt")
     with pytest.raises(DataError, match=r"gone.txt: a broken symbolic link"):
-        ingest(IngestConfig(sources=sources), project, PACKAGES, project / "raw2")
+        ingest(section(IngestConfig, sources=sources), project, PACKAGES, project / "raw2")
 
 
 def test_decode_bytes_tells_binary_from_text():
@@ -99,7 +100,8 @@ def test_ingest_jsonl_bad_line_names_file_and_line_and_writes_nothing(tmp_path):
     bad.write_text(json.dumps({"text": PROSE}) + "\n" + '{"text": "unterminated\n')
     out = tmp_path / "raw"
     with pytest.raises(DataError, match=r"docs.jsonl:2: not a valid JSON line"):
-        ingest(IngestConfig(sources=[SourceConfig("j", "jsonl", "docs.jsonl")]), tmp_path,
+        ingest(section(IngestConfig, sources=[SourceConfig(name="j", kind="jsonl", path="docs.jsonl")]),
+               tmp_path,
                PACKAGES, out)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["docs.jsonl"]  # no temp folder left behind
@@ -108,11 +110,13 @@ def test_ingest_jsonl_bad_line_names_file_and_line_and_writes_nothing(tmp_path):
 def test_ingest_jsonl_missing_field_and_parquet_missing_column(tmp_path):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": PROSE}) + "\n")
     with pytest.raises(DataError, match=r"a.jsonl:1: no field 'text'"):
-        ingest(IngestConfig(sources=[SourceConfig("j", "jsonl", "a.jsonl")]), tmp_path, PACKAGES,
+        ingest(section(IngestConfig, sources=[SourceConfig(name="j", kind="jsonl", path="a.jsonl")]),
+               tmp_path, PACKAGES,
                tmp_path / "raw")
     pq.write_table(pa.table({"body": [PROSE]}), tmp_path / "b.parquet")
     with pytest.raises(DataError, match=r"b.parquet: no column 'text'"):
-        ingest(IngestConfig(sources=[SourceConfig("p", "parquet", "b.parquet")]), tmp_path,
+        ingest(section(IngestConfig, sources=[SourceConfig(name="p", kind="parquet", path="b.parquet")]),
+               tmp_path,
                PACKAGES, tmp_path / "raw")
 
 
@@ -120,7 +124,8 @@ def test_ingest_jsonl_missing_id_field_names_the_line(tmp_path):
     (tmp_path / "a.jsonl").write_text(json.dumps({"id": "x", "text": PROSE}) + "\n"
                                       + json.dumps({"text": PROSE}) + "\n")
     with pytest.raises(DataError, match=r"a.jsonl:2: no field 'id'"):
-        ingest(IngestConfig(sources=[SourceConfig("j", "jsonl", "a.jsonl", id_field="id")]),
+        ingest(section(IngestConfig, sources=[SourceConfig(name="j", kind="jsonl", path="a.jsonl",
+                                                           id_field="id")]),
                tmp_path, PACKAGES, tmp_path / "raw")
 
 
@@ -128,9 +133,9 @@ def test_ingest_jsonl_and_parquet_with_ids(tmp_path):
     (tmp_path / "a.jsonl").write_text("".join(
         json.dumps({"id": f"j{i}", "text": PROSE}) + "\n" for i in range(3)))
     pq.write_table(pa.table({"text": [PROSE, None, PROSE]}), tmp_path / "b.parquet")
-    stats = ingest(IngestConfig(sources=[
-        SourceConfig("j", "jsonl", "a.jsonl", id_field="id"),
-        SourceConfig("p", "parquet", "b.parquet"),
+    stats = ingest(section(IngestConfig, sources=[
+        SourceConfig(name="j", kind="jsonl", path="a.jsonl", id_field="id"),
+        SourceConfig(name="p", kind="parquet", path="b.parquet"),
     ]), tmp_path, PACKAGES, tmp_path / "raw")
     ids = [r["doc_id"] for r in _read(tmp_path / "raw")]
     assert ids == ["j:j0", "j:j1", "j:j2", "p:b.parquet:0", "p:b.parquet:2"]
@@ -141,7 +146,8 @@ def test_ingest_of_nothing_is_an_error(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "e.txt").write_text("")
     with pytest.raises(DataError, match=r"no documents in any source \(mine\); dropped: \{'empty': 1\}"):
-        ingest(IngestConfig(sources=[SourceConfig("mine", "txt_dir", "c")]), tmp_path, PACKAGES,
+        ingest(section(IngestConfig, sources=[SourceConfig(name="mine", kind="txt_dir", path="c")]),
+               tmp_path, PACKAGES,
                tmp_path / "raw")
 
 
@@ -154,7 +160,7 @@ def test_packaged_corpora_are_read_by_path(stages_dir):
 
 
 def test_normalize_repairs_the_real_news_mojibake_and_controls():
-    cfg = CleanConfig()
+    cfg = section(CleanConfig)
     raw = ('The Senate voted on DeVos"?highly contentious nomination. "It is hard,"?Sen. '
            'Warren said.\tIt didn"t\u200b pass\x07 the "?first time. the "Black swans"?appearance '
            'caf\u00c3\u00a9')
@@ -199,7 +205,7 @@ def test_clean_filters_and_dedups_exact_and_near(tmp_path):
     ]
     _raw_shard(tmp_path / "raw", docs[:3])
     _raw_shard(tmp_path / "raw", docs[3:], "part-00001.parquet")  # dedup works across shards
-    cfg = CleanConfig(heldout_fraction=0.5, seed=0)
+    cfg = section(CleanConfig, heldout_fraction=0.5, seed=0)
     stats = clean(cfg, SERIAL, tmp_path / "raw", tmp_path / "clean")
     kept = {r["doc_id"]: r["sentences"] for split in ("train", "heldout")
             for r in _read(tmp_path / "clean" / split)}
@@ -216,7 +222,7 @@ def test_clean_filters_and_dedups_exact_and_near(tmp_path):
 
 def test_clean_parallel_equals_serial(stages_dir, tmp_path):
     # Worker count must not change a byte of the output.
-    clean(CleanConfig(heldout_fraction=0.1), SERIAL, stages_dir / "raw", tmp_path / "serial")
+    clean(section(CleanConfig, heldout_fraction=0.1), SERIAL, stages_dir / "raw", tmp_path / "serial")
     for split in ("train", "heldout"):
         a, b = list_shards(stages_dir / "clean" / split), list_shards(tmp_path / "serial" / split)
         assert [p.name for p in a] == [p.name for p in b]
@@ -234,7 +240,7 @@ def test_clean_failed_expectation_names_shard_and_leaves_nothing(tmp_path):
     _raw_shard(tmp_path / "raw", [("same", PROSE), ("same", PROSE.upper())])
     out = tmp_path / "clean"
     with pytest.raises(ValidationError) as err:
-        clean(CleanConfig(heldout_fraction=0.0, dedup_exact=False, dedup_near=False), SERIAL,
+        clean(section(CleanConfig, heldout_fraction=0.0, dedup_exact=False, dedup_near=False), SERIAL,
               tmp_path / "raw", out)
     msg = str(err.value)
     assert "clean/train/part-00000.parquet" in msg
@@ -245,7 +251,7 @@ def test_clean_failed_expectation_names_shard_and_leaves_nothing(tmp_path):
 def test_clean_of_an_all_trash_corpus_says_why(tmp_path):
     _raw_shard(tmp_path / "raw", [("x", "Hi."), ("y", "1234 5678.")])
     with pytest.raises(DataError, match=r"no documents left .*few_sentences: 2"):
-        clean(CleanConfig(), SERIAL, tmp_path / "raw", tmp_path / "clean")
+        clean(section(CleanConfig), SERIAL, tmp_path / "raw", tmp_path / "clean")
     assert not (tmp_path / "clean").exists()
 
 
@@ -254,8 +260,8 @@ def test_dask_executor_gives_the_same_output(stages_dir, tmp_path):
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster:
-        clean(CleanConfig(heldout_fraction=0.1),
-              ExecutorConfig(kind="dask", dask_address=cluster.scheduler_address),
+        clean(section(CleanConfig, heldout_fraction=0.1),
+              section(ExecutorConfig, kind="dask", dask_address=cluster.scheduler_address),
               stages_dir / "raw", tmp_path / "dask")
     for split in ("train", "heldout"):
         a = list_shards(stages_dir / "clean" / split)
@@ -268,14 +274,15 @@ _CLEAN_MEASURED = """
 import json, resource, sys
 from pathlib import Path
 import great_expectations  # noqa: F401  (~150 MB; validation imports it: before the baseline)
-from components.core.config import CleanConfig, ExecutorConfig
+from components.core.params import load_params
 from components.data.clean import clean
 def peak():  # MB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin"
                                                                   else 2**10)
 before = peak()
-stats = clean(CleanConfig(heldout_fraction=0.02), ExecutorConfig(kind="serial"), Path(sys.argv[1]),
-              Path(sys.argv[2]))
+p = load_params("params.yaml")
+stats = clean(p.clean.model_copy(update={"heldout_fraction": 0.02}),
+              p.executor.model_copy(update={"kind": "serial"}), Path(sys.argv[1]), Path(sys.argv[2]))
 print(json.dumps({"stats": stats, "growth_mb": peak() - before}))
 """
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, section
 
 pytestmark = pytest.mark.slow
 CAPITALS = {"france": "paris", "italy": "rome", "spain": "madrid", "japan": "tokyo",
@@ -67,19 +67,23 @@ def encoder_dir(tmp_path_factory) -> Path:
     with (root / "corpus.jsonl").open("w") as f:
         for i, doc in enumerate(_documents(400)):
             f.write(json.dumps({"id": str(i), "text": doc}) + "\n")
-    serial = ExecutorConfig(kind="serial")
-    ingest(IngestConfig(sources=[SourceConfig("made-up", "jsonl", "corpus.jsonl", id_field="id")]),
+    serial = section(ExecutorConfig, kind="serial")
+    ingest(section(IngestConfig, sources=[SourceConfig(name="made-up", kind="jsonl", path="corpus.jsonl",
+                                                       id_field="id")]),
            root, root, root / "raw")
-    clean(CleanConfig(dedup_near=False, heldout_fraction=0.1), serial, root / "raw", root / "clean")
-    train_tokenizer(TokenizerConfig(vocab_size=200, lowercase=True), root / "clean", root / "tokenizer")
-    make_pairs(PairsConfig(max_seq_len=64), serial, root / "clean", root / "tokenizer", root / "pairs")
+    clean(section(CleanConfig, dedup_near=False, heldout_fraction=0.1), serial, root / "raw", root / "clean")
+    train_tokenizer(section(TokenizerConfig, vocab_size=200, lowercase=True), root / "clean",
+                    root / "tokenizer")
+    make_pairs(section(PairsConfig, max_seq_len=64), serial, root / "clean", root / "tokenizer",
+               root / "pairs")
     # 800 steps: at 500 the capitals were still near a tie on one CPU model (paris 0.17, lima
     # 0.20, one thread, Emerald Rapids), where 800 give paris 0.96.
-    cfg = PretrainConfig(max_steps=800, warmup_steps=30, batch_size=32, lr=5e-3, short_seq_steps=0,
+    cfg = section(PretrainConfig, max_steps=800, warmup_steps=30, batch_size=32, lr=5e-3, short_seq_steps=0,
                          mlm_probability=0.25, val_every_steps=800, snapshot_every_steps=800,
                          accelerator="cpu")
-    stats = pretrain(ModelConfig(preset="tiny"), cfg, root / "pairs", root / "tokenizer",
-                     root / "encoder", root / "checkpoints")
+    stats = pretrain(model=section(ModelConfig, preset="tiny"), cfg=cfg, pairs_dir=root / "pairs",
+                     tokenizer_dir=root / "tokenizer", out_dir=root / "encoder",
+                     work_dir=root / "checkpoints")
     assert stats["mlm_accuracy"] > 0.5, stats  # it learned the corpus
     return root / "encoder"
 

@@ -22,6 +22,7 @@ from components.model.inputs import (
     token_labels,
     windows,
 )
+from tests.conftest import section
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +228,6 @@ def _user_files(folder):
 
 @pytest.mark.slow
 def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp_path):
-    from dataclasses import replace
 
     from safetensors.torch import load_file
 
@@ -248,23 +248,23 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     tasks = {
         # Windows of 8 subwords: the verdict's word comes after the first window, only the
         # later windows hold it.
-        "reviews": TaskConfig("classification", "user/reviews.csv", max_seq_len=8,
+        "reviews": TaskConfig(kind="classification", source="user/reviews.csv", max_seq_len=8,
                               long_text="chunks", chunk_overlap=2, lr=1e-3,
                               columns={"text": "review", "label": "verdict"}),
-        "same-topic": TaskConfig("pair", "user/pairs.jsonl"),
-        "ner": TaskConfig("token", "user/ner.conll"),
-        "ner-span": TaskConfig("span", "user/ner.conll", max_span_words=3, span_decoding="greedy",
+        "same-topic": TaskConfig(kind="pair", source="user/pairs.jsonl"),
+        "ner": TaskConfig(kind="token", source="user/ner.conll"),
+        "ner-span": TaskConfig(kind="span", source="user/ner.conll", max_span_words=3, span_decoding="greedy",
                                epochs=16),
-        "pos": TaskConfig("token", "user/pos.conll"),  # plain tags (scheme auto)
+        "pos": TaskConfig(kind="token", source="user/pos.conll"),  # plain tags (scheme auto)
     }
-    cfg = FinetuneConfig(tasks=tasks, seeds=[1, 2], lr=3e-3, lr_grid=[], epochs=8, batch_size=16,
+    cfg = section(FinetuneConfig, tasks=tasks, seeds=[1, 2], lr=3e-3, lr_grid=[], epochs=8, batch_size=16,
                          patience=16)
     for name, task in tasks.items():
         task_dir, model_dir = tmp_path / "tasks" / name, tmp_path / "models" / name
         prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)
         # The CRF path too, for BIO and plain tags; plain tags on first subwords only.
-        task_cfg = replace(cfg, crf=name in ("ner", "pos"),
-                           label_subwords="first" if name == "pos" else cfg.label_subwords)
+        task_cfg = cfg.model_copy(update={"crf": name in ("ner", "pos"), "label_subwords":
+                                          "first" if name == "pos" else cfg.label_subwords})
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
         assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
         assert {f["lr"] for f in stats["fits"].values()} == {task.lr or cfg.lr}  # no grid: no search
@@ -275,7 +275,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         assert set(this_run) == {"workers", *(f"{fit}.minutes" for fit in stats["fits"])}
         write_json(tmp_path / "metrics" / name / "finetune_stats.json", stats)  # as run_stage does
         metrics_dir = tmp_path / "metrics" / name
-        evaluated = evaluate_task(name, task, EvaluateConfig(), task_dir, model_dir, metrics_dir)
+        evaluated = evaluate_task(name, task, section(EvaluateConfig), task_dir, model_dir, metrics_dir)
         # Learnable by construction: every fit must have learned it, not only the chance level.
         for fit, metrics in evaluated["fits"].items():
             assert metrics[evaluated["metric"]] > 0.8, (name, fit, metrics)
@@ -322,3 +322,31 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     assert not any("minutes" in fit for fit in fits.values())  # wall time is not an output
     cost = table.split("## What each start cost")[1]
     assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)
+
+
+def test_a_tiny_task_trains_its_minimum_steps_and_warns_below_its_baseline(tiny_encoder, tmp_path):
+    # 64 rows at half for training: one step an epoch, 2 steps in all at finetune.epochs, which
+    # learn nothing (54 +- 14 against TF-IDF's 100 once, and no word said). The fits take
+    # finetune.min_steps (more epochs), and a model that still ends below the baseline says so.
+    from components.core.config import EvaluateConfig, FinetuneConfig, TaskConfig
+    from components.data.tasks.prepare import prepare_task
+    from components.evaluation.evaluate import evaluate_task
+    from components.training.finetune import finetune_task
+
+    rows = ["review,verdict"] + [f"the film number {i} was {'good' if i % 2 else 'awful'},"
+                                 f"{'pos' if i % 2 else 'neg'}" for i in range(64)]
+    (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
+    task = TaskConfig(kind="classification", source="reviews.csv", split=[0.5, 0.1, 0.4],
+                      columns={"text": "review", "label": "verdict"})
+    prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
+    # A rate too small to learn anything: the fits stay at chance, TF-IDF reads the keyword.
+    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], lr=1e-9,
+                  lr_grid=[], min_steps=12, workers=1)
+    stats = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "model")
+    assert stats["fits"]["pretrained-s1"]["steps"] >= 12
+    evaluated = evaluate_task("reviews", task, section(EvaluateConfig), tmp_path / "task", tmp_path / "model",
+                              tmp_path / "metrics")
+    assert evaluated["baseline"]["accuracy"] == 1.0
+    mean = evaluated["primary"]["pretrained"]["mean"]
+    assert evaluated["warning"] == (f"the pretrained fits (accuracy {mean:.4f}) end below the TF-IDF + LR "
+                                    "baseline (1.0000)")

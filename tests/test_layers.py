@@ -11,8 +11,9 @@ import tomllib
 import pytest
 import yaml
 
+from components.core.params import load_params
 from pipeline import deps
-from tests.conftest import ROOT
+from tests.conftest import ROOT, write_params
 
 FLOORS = ("core", "data", "model", "evaluation", "training", "lifecycle")
 # Pinned for another package's sake, never imported: why, per requirement.
@@ -58,6 +59,17 @@ def test_components_know_nothing_of_orchestration():
         assert not tops & {"pipeline", "prefect", "dvc"}, path
 
 
+def test_operations_stand_apart_from_the_flow():
+    # pipeline/ops (lock, watchdog, Prefect server, UI, schedule, environment, redaction, the
+    # model server's limit) knows nothing of the flow, the stages or the CLI, which use it.
+    wrong = [f"{m} imports {i}" for m in deps.project_modules() if m.startswith("pipeline.ops")
+             for i in deps.imports_of(m) if i.startswith("pipeline") and not i.startswith("pipeline.ops")]
+    assert not wrong, "\n".join(wrong)
+    rest = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.stem != "__init__")
+    assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "publish", "reference",
+                    "stages", "versioning"], rest
+
+
 def test_no_import_cycles():
     # Imports inside functions count: a lazy import still ties the two modules together.
     graph = {m: sorted(deps.imports_of(m) - {m}) for m in deps.project_modules()}
@@ -85,12 +97,15 @@ def test_package_inits_hold_only_a_docstring():
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), init
 
 
-def test_dvc_code_deps_are_exactly_what_each_stage_imports():
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+def test_dvc_yaml_is_what_pipeline_deps_writes():
+    # Params lists, source deps and code deps are generated: never two copies to keep equal.
+    text = (ROOT / "dvc.yaml").read_text()
+    assert deps.rewrite(text, *deps.generated(load_params(ROOT / "params.yaml"))) == text, \
+        "run `python -m pipeline.deps --write`"
+    stages = yaml.safe_load(text)["stages"]
     for name, stage in stages.items():
         listed = [d for d in stage.get("do", stage)["deps"] if d.endswith(".py")]
-        assert listed == deps.code_deps(name), \
-            f"dvc.yaml {name}: code deps differ from its imports; run `python -m pipeline.deps --write`"
+        assert listed == deps.code_deps(name), name
     # Sharpness: an edit reruns only what runs the edited code.
     assert "components/data/tokenizer.py" not in deps.code_deps("ingest")
     assert not any(d.startswith("components/training/") for d in deps.code_deps("evaluate"))
@@ -99,16 +114,39 @@ def test_dvc_code_deps_are_exactly_what_each_stage_imports():
     assert "components/training/static_vectors.py" in deps.code_deps("pretrain")
 
 
-def test_rewriting_dvc_yaml_code_deps_keeps_everything_else():
+def test_a_stage_depends_on_exactly_the_files_of_yours_it_reads(tmp_path):
+    # A task's file is its task_data stage's dep, not ingest's or another task's: adding one
+    # task reruns that task's stages only. A packaged source or checkpoint is pinned in code.
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["tasks"]["reviews"] = {"kind": "classification", "source": "data/user/reviews.csv"}
+    data["ingest"]["sources"].append({"name": "notes", "kind": "txt_dir", "path": "data/user/notes"})
+    p = load_params(write_params(tmp_path, data))
+    text = deps.rewrite((ROOT / "dvc.yaml").read_text(), *deps.generated(p))
+    dvc = yaml.safe_load(text)
+    sources = dvc["vars"][0]["task_sources"]
+    assert sources["reviews"] == "data/user/reviews.csv"
+    assert sources["movie-sentiment"] == deps.BUILTIN_SOURCE and list(sources) == list(p.finetune.tasks)
+    assert dvc["stages"]["task_data"]["foreach"] == "${task_sources}"
+    assert dvc["stages"]["task_data"]["do"]["deps"][0] == "${item}"
+    assert dvc["stages"]["ingest"]["deps"][0] == "data/user/notes"
+    assert not any(d.startswith("data/") for d in dvc["stages"]["checkpoint"]["deps"])
+    assert not any("user" in d for name in ("clean", "tokenizer", "pairs", "pretrain")
+                   for d in dvc["stages"][name]["deps"])
+    p.pretrain.init_from = "data/user/my-bert"
+    assert yaml.safe_load(deps.rewrite(text, *deps.generated(p)))["stages"]["checkpoint"]["deps"][0] == \
+        "data/user/my-bert"
+
+
+def test_rewriting_dvc_yaml_keeps_everything_else():
     text = (ROOT / "dvc.yaml").read_text()
-    stages = yaml.safe_load(text)["stages"]
-    expected = {n: deps.code_deps(n) for n in stages}
-    assert deps.with_code_deps(text, expected) == text
-    # A new stage without any code deps yet gets them at the end of its deps list.
+    generated = deps.generated(load_params(ROOT / "params.yaml"))
+    # A stage without any generated deps or params yet gets them at the end of its lists.
     bare = "\n".join(line for line in text.splitlines() if not line.strip().startswith("- components/"))
-    assert deps.with_code_deps(bare + "\n", expected) == text
-    changed = yaml.safe_load(deps.with_code_deps(text, {n: ["components/x.py"] for n in stages}))
-    assert changed["stages"]["ingest"]["deps"] == ["${paths.user_data}", "components/x.py"]
+    assert deps.rewrite(bare + "\n", *generated) == text
+    stages = yaml.safe_load(text)["stages"]
+    changed = yaml.safe_load(deps.rewrite(text, {n: ["components/x.py"] for n in stages}, *generated[1:]))
+    assert changed["stages"]["ingest"]["deps"] == ["components/x.py"]
+    assert changed["stages"]["pairs"]["deps"][:2] == ["${paths.clean}", "${paths.tokenizer}"]
     assert changed["stages"]["ingest"]["outs"] == stages["ingest"]["outs"]
 
 

@@ -429,7 +429,7 @@ def _checkout_versions(repo: Path) -> dict[str, str]:
     """Per model (the encoder, reviews): the version of `repo`'s registry that holds the model its
     checkout holds, found by content hash. After earlier tests that is not always the champion
     (a worse model registered as candidate, a rollback), and only the checkout's model travels."""
-    from components.core.config import load_params
+    from components.core.params import load_params
     from components.lifecycle import registry
 
     models = repo / load_params(repo / "params.yaml").paths.models
@@ -447,7 +447,7 @@ def _registered(repo: Path, versions: dict[str, str] | None = None) -> dict[str,
     """Per model: the content hash and the DVC lineage of a version: `versions`', or by default
     the champion (the encoder: its latest version, which is not challenged)."""
     from components.core import tracking
-    from components.core.config import load_params
+    from components.core.params import load_params
     from components.lifecycle import registry
 
     client = tracking.client(load_params(repo / "params.yaml").tracking, repo)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from components.core.errors import BertflowError
-from pipeline.lock import holder, lock_path, project_lock, under_lock
-from tests.conftest import BIN, ROOT, run_cli
+from pipeline.ops.lock import holder, lock_path, project_lock, under_lock
+from tests.conftest import BIN, ROOT, run_cli, section
 
 pytestmark = pytest.mark.usefixtures("prefect_api")  # one Prefect server for the runs
 
@@ -26,7 +26,7 @@ def _holder(root: Path, then: str = "") -> subprocess.Popen:
     said so on its stdout, holds the lock for ten minutes."""
     proc = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from pipeline.lock import project_lock\n"
+        "from pipeline.ops.lock import project_lock\n"
         "with project_lock(__import__('pathlib').Path(sys.argv[2])):\n"
         f"    {then or 'pass'}\n"
         "    print('locked', flush=True); time.sleep(600)"),
@@ -146,7 +146,7 @@ def test_a_killed_holder_leaves_no_process_behind_and_the_lock_holds_until_they_
         assert time.time() < deadline
         time.sleep(0.05)
     time.sleep(1.5)  # the watchdog has looked at least once since
-    started = [p for p in _descendants(locker.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
+    started = [p for p in _descendants(locker.pid) if "pipeline.ops.watchdog" not in " ".join(p.cmdline())]
     assert len(started) == 3, started  # sh and its two sleeps
     os.kill(locker.pid, signal.SIGKILL)  # its pid alone, as `kill -9 PID` does
     locker.wait()
@@ -160,7 +160,7 @@ def test_a_holder_that_ends_normally_stops_its_watchdog_and_frees_the_lock(tmp_p
     import psutil
 
     with project_lock(tmp_path):
-        watchdogs = [p for p in _descendants(os.getpid()) if "pipeline.watchdog" in " ".join(p.cmdline())]
+        watchdogs = [p for p in _descendants(os.getpid()) if "pipeline.ops.watchdog" in " ".join(p.cmdline())]
         assert len(watchdogs) == 1
         with pytest.raises(BertflowError, match="another bertflow run"):
             with project_lock(tmp_path):  # the watchdog's copy of the lock is the same lock
@@ -198,7 +198,7 @@ def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project,
     while not _pretrain_run_open(dvc_project / "mlflow.db"):
         assert time.time() < deadline and run.poll() is None
         time.sleep(0.1)
-    started = [p for p in _descendants(run.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
+    started = [p for p in _descendants(run.pid) if "pipeline.ops.watchdog" not in " ".join(p.cmdline())]
     assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # Prefect's temporary server
     os.kill(run.pid, sig)  # the run's pid alone, not its process group
     err = run.stderr.read()
@@ -224,7 +224,7 @@ def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project,
 def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusing(tmp_path):
     import psutil
 
-    from pipeline import watchdog
+    from pipeline.ops import watchdog
 
     # Its child ignores SIGTERM, so the clean-up takes the watchdog's whole grace period.
     locker = _holder(tmp_path, then="subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 600'])")
@@ -233,7 +233,7 @@ def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusin
         assert time.time() < deadline
         time.sleep(0.05)
     time.sleep(1.5)  # the watchdog has looked at least once since
-    started = [p for p in _descendants(locker.pid) if "pipeline.watchdog" not in " ".join(p.cmdline())]
+    started = [p for p in _descendants(locker.pid) if "pipeline.ops.watchdog" not in " ".join(p.cmdline())]
     os.kill(locker.pid, signal.SIGKILL)
     locker.wait()
     while not holder(tmp_path)[1].startswith(watchdog.CLEANUP):
@@ -265,7 +265,7 @@ def test_a_sigterm_while_a_run_is_being_opened_ends_that_run_failed(tmp_path):
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
         with pytest.raises(SystemExit) as ended:
-            with tracking.mlflow_run(TrackingConfig(uri="sqlite:///mlflow.db"), tmp_path, "stage",
+            with tracking.mlflow_run(section(TrackingConfig, uri="sqlite:///mlflow.db"), tmp_path, "stage",
                                      tags={"note": _KillOnRead()}):
                 pytest.fail("the body ran after a SIGTERM during the opening")
     finally:

@@ -11,6 +11,7 @@ from components.data.pairs import make_pairs
 from components.model.config import IGNORE
 from components.model.masking import Masker, MaskingSpec
 from components.training.pretrain_data import masking_spec
+from tests.conftest import section
 
 SPECIALS = [0, 1, 2, 3, 4]
 
@@ -23,11 +24,12 @@ def real(stages_dir, tmp_path_factory):
     from components.core.config import ExecutorConfig
 
     out = tmp_path_factory.mktemp("mask-pairs")
-    make_pairs(PairsConfig(short_seq_prob=0.0), ExecutorConfig(kind="serial"), stages_dir / "clean",
+    make_pairs(section(PairsConfig, short_seq_prob=0.0), section(ExecutorConfig, kind="serial"),
+               stages_dir / "clean",
                stages_dir / "tokenizer", out)
     rows = [r for path in list_shards(out / "train") for r in pq.read_table(path)["input_ids"].to_pylist()
             if len(r) == 128]
-    spec = masking_spec(PretrainConfig(), stages_dir / "tokenizer")
+    spec = masking_spec(section(PretrainConfig), stages_dir / "tokenizer")
     return torch.tensor(rows[:4096]), spec
 
 
@@ -40,7 +42,7 @@ def _mask_all(ids, spec, seed=0, batch=64):
 @pytest.mark.parametrize("unit", ["token", "whole_word", "span"])
 def test_rates_80_10_10_and_no_special_selected(real, unit):
     ids, spec = real
-    spec = MaskingSpec(**{**spec.__dict__, "unit": unit})
+    spec = MaskingSpec(**{**spec.__dict__, "masking": unit})
     out = _mask_all(ids, spec)
     selected = out["mlm_labels"] != IGNORE
     candidates = ~torch.isin(ids, torch.tensor(spec.special_ids))
@@ -51,13 +53,13 @@ def test_rates_80_10_10_and_no_special_selected(real, unit):
     masked = (out["input_ids"][selected] == spec.mask_id).float().mean()
     kept = (out["input_ids"][selected] == ids[selected]).float().mean()
     assert abs(masked - 0.8) <= 0.02 and abs(kept - 0.1) <= 0.02 and abs(1 - masked - kept - 0.1) <= 0.02
-    assert (selected.sum(1) <= spec.max_predictions).all()
+    assert (selected.sum(1) <= spec.max_predictions_per_seq).all()
 
 
 @pytest.mark.parametrize("unit", ["whole_word", "span"])
 def test_words_stay_whole(real, unit):
     ids, spec = real
-    out = _mask_all(ids, MaskingSpec(**{**spec.__dict__, "unit": unit}))
+    out = _mask_all(ids, MaskingSpec(**{**spec.__dict__, "masking": unit}))
     selected = out["mlm_labels"] != IGNORE
     candidates = ~torch.isin(ids, torch.tensor(spec.special_ids))
     # A `##` piece belongs to the token before it (unless truncation left it after [SEP]).
@@ -72,7 +74,7 @@ def test_words_stay_whole(real, unit):
 
 def test_spans_are_geometric_bounded_and_report_their_boundaries(real):
     ids, spec = real
-    out = _mask_all(ids, MaskingSpec(**{**spec.__dict__, "unit": "span"}))
+    out = _mask_all(ids, MaskingSpec(**{**spec.__dict__, "masking": "span"}))
     selected = out["mlm_labels"] != IGNORE
     rows, cols = selected.nonzero(as_tuple=True)
     left, right = out["sbo_left"][rows, cols], out["sbo_right"][rows, cols]
@@ -104,5 +106,6 @@ def test_unigram_replacements_follow_the_frequencies(real):
 
 def test_max_predictions_caps_long_rows(real):
     ids, spec = real
-    out = _mask_all(ids[:512], MaskingSpec(**{**spec.__dict__, "probability": 0.5, "max_predictions": 7}))
+    out = _mask_all(ids[:512], MaskingSpec(**{**spec.__dict__, "mlm_probability": 0.5,
+                                              "max_predictions_per_seq": 7}))
     assert ((out["mlm_labels"] != IGNORE).sum(1) == 7).all()

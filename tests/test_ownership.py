@@ -7,17 +7,17 @@ argument added later is covered by it (or fails the test until it is classified)
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import sys
 from pathlib import Path
 
 import pytest
 
-from components.core.config import PathsConfig, load_params
+from components.core.config import PathsConfig
 from components.core.errors import ConfigError
 from components.core.guard import OUTPUT_FOLDERS, OWNED, SOURCE_FOLDERS, claim, make_owned, remove_owned
 from components.core.io import TEMP_MARK, atomic_dir
+from components.core.params import load_params
 from pipeline.cli import app, main
 from tests.conftest import run_cli, small_params, tree, write_params
 
@@ -76,7 +76,7 @@ def _everything(root: Path) -> dict:
 
 
 def test_every_path_param_is_classified_as_an_output_or_an_input():
-    assert {f.name for f in dataclasses.fields(PathsConfig)} == {*OUTPUT_FOLDERS, *SOURCE_FOLDERS}
+    assert set(PathsConfig.model_fields) == {*OUTPUT_FOLDERS, *SOURCE_FOLDERS}
 
 
 @pytest.mark.parametrize("place", list(PROTECTED))
@@ -196,3 +196,15 @@ def test_only_marked_temp_folders_are_cleaned_up_never_a_user_folder_of_a_simila
     assert sorted(p.name for p in final.iterdir()) == [OWNED, "b"]  # marked as ours, no temp mark
     assert sorted(p.name for p in tmp_path.iterdir()) == [".raw.backup-2024", "raw"]
     assert (backup / "doc.txt").read_text() == "keep me"
+
+
+def test_an_output_folder_has_the_usual_modes_whatever_the_library_wrote(tiny_encoder):
+    # safetensors writes through a temp file of mode 0600: the weights came out private while
+    # every other output was readable; atomic_dir gives the whole folder the usual modes.
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [tiny_encoder, *tiny_encoder.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o777 if path.is_dir() else 0o666) & ~mask, path

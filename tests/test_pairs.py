@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections import Counter
 
@@ -12,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.core.config import ExecutorConfig, PairsConfig
-from components.core.errors import ConfigError, ValidationError
+from components.core.errors import ValidationError
 from components.core.io import iter_rows, list_shards
 from components.data import validation
 from components.data.pairs import (
@@ -25,8 +24,9 @@ from components.data.pairs import (
     truncate_seq_pair,
 )
 from components.data.tokenizer import load
+from tests.conftest import section
 
-SERIAL = ExecutorConfig(kind="serial")
+SERIAL = section(ExecutorConfig, kind="serial")
 
 
 # Google's create_pretraining_data.py (google-research/bert), verbatim but for its masking call:
@@ -114,7 +114,7 @@ def test_instances_equal_googles_without_balancing(stages_dir):
     tok = load(stages_dir / "tokenizer")
     docs = tokenize_documents(tok, [d["sentences"] for d in iter_rows(
         stages_dir / "clean" / "train", ("sentences",))])
-    cfg = PairsConfig(balance_nsp=False)
+    cfg = section(PairsConfig, balance_nsp=False)
     ours_rng, google_rng = random.Random(5), random.Random(5)
     total = 0
     for index in range(len(docs)):
@@ -145,7 +145,7 @@ def _find(stream: list[int], part: list[int]) -> int:
 
 
 def test_positives_are_adjacent_text_and_negatives_come_from_another_document(news_docs):
-    cfg = PairsConfig(max_seq_len=512)
+    cfg = section(PairsConfig, max_seq_len=512)
     rng = random.Random(7)
     streams = [[t for s in d for t in s] for d in news_docs]
     boundaries = [set(np.cumsum([0] + [len(s) for s in d]).tolist()) for d in news_docs]
@@ -168,7 +168,7 @@ def test_google_law_without_balance_and_balanced_by_default(news_docs):
     counts = {}
     for balance in (False, True):
         c, n = Counter(), Counter()
-        cfg = PairsConfig(balance_nsp=balance)
+        cfg = section(PairsConfig, balance_nsp=balance)
         for seed in range(20):  # ~6,000 instances: the fair coins' noise is below 1%
             rng = random.Random(seed)
             for index in range(len(news_docs)):
@@ -200,19 +200,19 @@ def test_pairs_stage_on_real_corpus(pairs_out, stages_dir):
 
 def test_same_seed_gives_byte_identical_shards_whatever_the_workers(pairs_out, stages_dir, tmp_path):
     out, _ = pairs_out
-    make_pairs(PairsConfig(), SERIAL, stages_dir / "clean", stages_dir / "tokenizer", tmp_path / "p")
+    make_pairs(section(PairsConfig), SERIAL, stages_dir / "clean", stages_dir / "tokenizer", tmp_path / "p")
     for split in ("train", "heldout"):
         a, b = list_shards(out / split), list_shards(tmp_path / "p" / split)
         assert [x.name for x in a] == [y.name for y in b]
         assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b, strict=True))
-    make_pairs(PairsConfig(seed=99), SERIAL, stages_dir / "clean", stages_dir / "tokenizer",
+    make_pairs(section(PairsConfig, seed=99), SERIAL, stages_dir / "clean", stages_dir / "tokenizer",
                tmp_path / "q")
     assert list_shards(tmp_path / "q" / "train")[0].read_bytes() != \
         list_shards(out / "train")[0].read_bytes()
 
 
 def test_sop_pairs_are_one_documents_consecutive_text_in_order_or_swapped(news_docs):
-    cfg = PairsConfig(mode="sop")
+    cfg = section(PairsConfig, mode="sop")
     rng, counts = random.Random(7), Counter()
     labels = Counter()
     for doc in news_docs:
@@ -231,7 +231,8 @@ def test_sop_pairs_are_one_documents_consecutive_text_in_order_or_swapped(news_d
 
 
 def test_sop_stage_writes_pair_shards(stages_dir, tmp_path):
-    stats = make_pairs(PairsConfig(mode="sop"), SERIAL, stages_dir / "clean", stages_dir / "tokenizer",
+    stats = make_pairs(section(PairsConfig, mode="sop"), SERIAL, stages_dir / "clean",
+                       stages_dir / "tokenizer",
                        tmp_path / "p")
     assert abs(stats["train"]["sop_swapped_fraction"] - 0.5) <= 0.03
     assert stats["train"]["forced_random_next"] == 0
@@ -240,7 +241,7 @@ def test_sop_stage_writes_pair_shards(stages_dir, tmp_path):
 
 
 def test_packing_mode(stages_dir, tmp_path):
-    cfg = PairsConfig(mode="packing", max_seq_len=64)
+    cfg = section(PairsConfig, mode="packing", max_seq_len=64)
     make_pairs(cfg, SERIAL, stages_dir / "clean", stages_dir / "tokenizer", tmp_path / "p")
     table = pq.read_table(list_shards(tmp_path / "p" / "train")[0])
     lengths = np.array([len(x) for x in table["input_ids"].to_pylist()])
@@ -258,12 +259,6 @@ def test_packing_mode(stages_dir, tmp_path):
     table = to_table([(a, [], -1) for a in packed], cls_id=100, sep_id=101)
     assert table["input_ids"].to_pylist()[-1] == \
         [100] + [2] * 10 + [101] + [3] * 3 + [101] + [4, 4, 5, 5] + [101]
-
-
-def test_short_max_seq_len_is_a_config_error(stages_dir, tmp_path):
-    with pytest.raises(ConfigError, match="pairs.max_seq_len=6: must be at least 8"):
-        make_pairs(PairsConfig(max_seq_len=6), SERIAL, stages_dir / "clean",
-                   stages_dir / "tokenizer", tmp_path / "p")
 
 
 def test_pairs_suite_names_each_broken_rule(tmp_path):
@@ -285,8 +280,8 @@ def test_is_random_next_never_uses_the_same_document():
     rng = random.Random(0)
     for _ in range(200):
         for index in range(4):
-            for a, b, label in instances_from_document(docs, index, dataclasses.replace(
-                    PairsConfig(), max_seq_len=9, short_seq_prob=0.0), rng, Counter()):
+            for a, b, label in instances_from_document(docs, index, section(
+                    PairsConfig, max_seq_len=9, short_seq_prob=0.0), rng, Counter()):
                 if label == 1:
                     assert set(b) != {index}
                 else:
@@ -302,7 +297,7 @@ def test_special_tokens_written_in_text_stay_text(stages_dir, tmp_path):
             "sentences": [[f"Put a [SEP] here in doc {i}.", "And [MASK] or [CLS] there.",
                            "Then a third sentence."] for i in range(n)],
         }), clean_dir / split / "part-00000.parquet")
-    make_pairs(PairsConfig(), SERIAL, clean_dir, stages_dir / "tokenizer", tmp_path / "p")
+    make_pairs(section(PairsConfig), SERIAL, clean_dir, stages_dir / "tokenizer", tmp_path / "p")
     tok = load(stages_dir / "tokenizer")
     table = pq.read_table(list_shards(tmp_path / "p" / "train")[0])
     specials = {tok.token_to_id(t) for t in ("[SEP]", "[MASK]", "[CLS]")}
@@ -315,7 +310,7 @@ def test_special_tokens_written_in_text_stay_text(stages_dir, tmp_path):
 def test_one_document_shard_has_no_negatives():
     docs = [[[i, i + 1] for i in range(0, 40, 2)]]  # one document of 20 two-token sentences
     counts = Counter()
-    instances = instances_from_document(docs, 0, PairsConfig(max_seq_len=12, short_seq_prob=0),
+    instances = instances_from_document(docs, 0, section(PairsConfig, max_seq_len=12, short_seq_prob=0),
                                         random.Random(0), counts)
     assert instances and {label for _, _, label in instances} == {0}
     assert counts["forced_random_next"] == 0

@@ -20,12 +20,12 @@ from components.core.guard import OWNED
 from components.model.masking import Masker
 from components.training.common import linear_schedule
 from components.training.pretrain_data import PairBatches, list_row_groups, masking_spec
-from tests.conftest import BIN, run_cli, small_params, write_params
+from tests.conftest import BIN, run_cli, section, small_params, write_params
 
 
 @pytest.fixture(scope="module")
 def masker(stages_dir):
-    return Masker(masking_spec(PretrainConfig(), stages_dir / "tokenizer"))
+    return Masker(masking_spec(section(PretrainConfig), stages_dir / "tokenizer"))
 
 
 def _take(stream, n):
@@ -225,7 +225,7 @@ def test_a_terminated_stage_is_a_failed_run_and_leaves_no_process_or_output(stag
 
     import psutil
 
-    from pipeline.lock import project_lock
+    from pipeline.ops.lock import project_lock
 
     params = _project(tmp_path, stages_dir, pairs_out[0], max_steps=100_000, val_every_steps=50_000,
                       snapshot_every_steps=50_000)

@@ -10,11 +10,12 @@ from components.core import tracking
 from components.core.config import TrackingConfig
 from components.core.errors import BertflowError
 from components.lifecycle import registry
+from tests.conftest import section
 
 
 @pytest.fixture
 def store(tmp_path):
-    cfg = TrackingConfig(uri="sqlite:///mlflow.db", artifacts="mlartifacts", experiment="t")
+    cfg = section(TrackingConfig, uri="sqlite:///mlflow.db", artifacts="mlartifacts", experiment="t")
     return cfg, tmp_path
 
 

@@ -17,8 +17,9 @@ from components.core import relocation, tracking
 from components.core.config import TrackingConfig
 from components.core.errors import BertflowError
 from components.lifecycle import registry
+from tests.conftest import section
 
-CFG = TrackingConfig(uri="sqlite:///mlflow.db", artifacts="mlartifacts", experiment="t")
+CFG = section(TrackingConfig, uri="sqlite:///mlflow.db", artifacts="mlartifacts", experiment="t")
 
 
 def _project(root: Path) -> Path:
@@ -120,15 +121,17 @@ def test_a_location_no_file_explains_needs_the_old_folder_named(made, tmp_path):
 
 def test_only_the_projects_own_store_is_checked(made, tmp_path):
     # A tracking server, or a sqlite store at an absolute path, is shared: left alone.
-    assert tracking.tracking_uri(TrackingConfig(uri="http://127.0.0.1:1"), tmp_path) == "http://127.0.0.1:1"
+    assert tracking.tracking_uri(section(TrackingConfig, uri="http://127.0.0.1:1"),
+                                 tmp_path) == "http://127.0.0.1:1"
     old = made
     shutil.copytree(old, tmp_path / "b")
-    shared = TrackingConfig(uri=f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", experiment="t")
+    shared = section(TrackingConfig, uri=f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", experiment="t")
     assert tracking.tracking_uri(shared, tmp_path / "b") == shared.uri
     with pytest.raises(BertflowError, match="not a project-local sqlite store"):
         tracking.relocate_store(shared, tmp_path / "b")
     # An artifact folder configured outside the project is the user's choice, not a stale one.
-    outside = TrackingConfig(uri="sqlite:///mlflow.db", artifacts=str(tmp_path / "shared"), experiment="t")
+    outside = section(TrackingConfig, uri="sqlite:///mlflow.db", artifacts=str(tmp_path / "shared"),
+                      experiment="t")
     with tracking.mlflow_run(outside, tmp_path / "e", "r") as run:
         run.log_artifact(old / "data" / "model", "m")
     tracking.check_store(outside, tmp_path / "e")

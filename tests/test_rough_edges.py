@@ -141,7 +141,7 @@ def test_prediction_input_keeps_line_separators_inside_texts(tmp_path):
 def registry_project(models, tmp_path_factory) -> Path:
     """A project whose registry holds TASKS, each a champion, registered as the pipeline does."""
     from components.core import tracking
-    from components.core.config import load_params
+    from components.core.params import load_params
     from components.lifecycle import registry
 
     root = tmp_path_factory.mktemp("registry")

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from components.core.redact import install_log_redaction, redact
-from tests.conftest import run_cli, write_params
+from tests.conftest import run_cli, section, small_params, write_params
 
 SECRET = "hunter2-s3cr3t"
 
@@ -56,7 +56,7 @@ def test_a_failing_tracking_server_url_is_not_printed_with_its_password(tmp_path
     # MLflow names the server in its error: the token must not come with it (the user:password
     # form is masked the same way: the Prefect state test below).
     uri = f"http://{SECRET}@127.0.0.1:9/?access_token={SECRET}"
-    params = write_params(tmp_path, {"tracking": {"uri": uri}})
+    params = write_params(tmp_path, small_params(tracking={"uri": uri}))
     proc = run_cli("bertflow", "run", "--until", "ingest", "-p", str(params), cwd=tmp_path,
                    check=False, env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
                                      "AWS_SECRET_ACCESS_KEY": "aws-" + SECRET})
@@ -73,7 +73,7 @@ def test_mlflow_params_and_tags_hold_no_secrets(tmp_path, monkeypatch):
     from components.core.config import TrackingConfig
 
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
-    cfg = TrackingConfig(uri="sqlite:///mlflow.db")
+    cfg = section(TrackingConfig, uri="sqlite:///mlflow.db")
     with tracking.mlflow_run(cfg, tmp_path, "stage", tags={"note": f"pw {SECRET}"}) as run:
         run.log_params({"executor": {"dask_address": f"tcp://user:{SECRET}@scheduler:8786"}})
         run_id = run.run_id
@@ -87,7 +87,7 @@ def test_a_failed_flow_run_keeps_no_secret_in_its_prefect_state(tmp_path, prefec
     from pipeline.flow import pipeline_flow
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    params = write_params(tmp_path, {"tracking": {"uri": f"http://alice:{SECRET}@127.0.0.1:9"}})
+    params = write_params(tmp_path, small_params(tracking={"uri": f"http://alice:{SECRET}@127.0.0.1:9"}))
     state = pipeline_flow(str(params), "ingest", return_state=True)
     assert state.is_failed()
     assert "http://alice:***@127.0.0.1:9" in state.message and SECRET not in state.message

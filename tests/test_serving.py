@@ -37,7 +37,7 @@ def tiny_task_model(root: Path, kind: str = "classification",
     (root / "tok").mkdir(parents=True)
     tok.save(str(root / "tok" / "tokenizer.json"))
     cfg = BertConfig(vocab_size=len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
-    info = TaskModelInfo(config=cfg, task=TaskConfig(kind, "reviews.csv"), fit="pretrained-s1",
+    info = TaskModelInfo(config=cfg, task=TaskConfig(kind=kind, source="reviews.csv"), fit="pretrained-s1",
                          labels=list(labels), space=list(labels), max_seq_len=32, label_subwords="all",
                          crf=False, scheme=scheme)
     write_task_model(task_model(cfg, kind, list(labels)), info, root / "tok", root / "model")

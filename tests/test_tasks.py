@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ from components.core.guard import OWNED
 from components.data.tasks import builtin, checks
 from components.data.tasks.folder import SCHEMAS, read_meta, read_split
 from components.data.tasks.prepare import prepare_task
-from tests.conftest import PACKAGES
+from tests.conftest import PACKAGES, section
 
 SPLITS = ("train", "valid", "test")
 
@@ -73,7 +72,8 @@ def test_a_task_file_not_in_utf8_is_decoded_counted_and_named(tmp_path, caplog):
             for i in range(60)]
     text = "review,stars\n" + "".join(f"{r['review']},{r['stars']}\n" for r in rows)
     (tmp_path / "reviews.csv").write_bytes(text.encode("cp1252"))  # as Excel saves it on Windows
-    task = TaskConfig("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
+    task = TaskConfig(kind="classification", source="reviews.csv", columns={"text": "review",
+                                                                            "label": "stars"})
     stats, out = prepare(tmp_path, task)
     assert stats["changed"] == {"non_utf8_decoded_files": 1}
     assert f"{tmp_path / 'reviews.csv'} is not UTF-8; decoded as cp1252" in caplog.text
@@ -84,7 +84,8 @@ def test_a_task_file_not_in_utf8_is_decoded_counted_and_named(tmp_path, caplog):
 
 def test_csv_classification_end_to_end(tmp_path):
     write_csv(tmp_path / "reviews.csv", reviews(100))
-    task = TaskConfig("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
+    task = TaskConfig(kind="classification", source="reviews.csv", columns={"text": "review",
+                                                                            "label": "stars"})
     stats, out = prepare(tmp_path, task)
     assert sorted(p.name for p in out.iterdir()) == [
         OWNED, "meta.json", "test.parquet", "train.parquet", "valid.parquet"]
@@ -113,7 +114,7 @@ def test_conll_folder_token_task(tmp_path):
     (folder / "train.txt").write_text(CONLL_TRAIN)
     (folder / "dev.conll").write_text(CONLL_DEV)  # `dev` is accepted for valid
     (folder / "test.iob").write_text(CONLL_TEST)
-    stats, out = prepare(tmp_path, TaskConfig("token", "ner"))
+    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="ner"))
     assert stats["examples"] == {"train": 3, "valid": 1, "test": 2}
     assert stats["split"] == "given"
     assert read_meta(out)["labels"] == ["LOC", "MISC", "ORG", "PER"]  # entity types, not tags
@@ -134,7 +135,7 @@ def test_conll_columns_choose_token_and_tag(tmp_path):
     for split, text in (("train", CONLL_TRAIN), ("valid", CONLL_DEV), ("test", CONLL_TEST)):
         (folder / f"{split}.txt").write_text(text)
     # The chunk column (2) as the tags: a real BIO task of its own.
-    stats, out = prepare(tmp_path, TaskConfig("span", "pos", columns={"tags": "2"}))
+    stats, out = prepare(tmp_path, TaskConfig(kind="span", source="pos", columns={"tags": "2"}))
     assert read_meta(out)["labels"] == ["NP", "VP"]
     assert read_split(out, "valid").to_pylist() == [{"tokens": ["Rome", "is"],
                                                      "tags": ["B-NP", "B-VP"]}]
@@ -153,7 +154,7 @@ def _pos_folder(tmp_path: Path, files: dict[str, str] = POS) -> str:
 
 
 def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
-    stats, out = prepare(tmp_path, TaskConfig("token", _pos_folder(tmp_path)))
+    stats, out = prepare(tmp_path, TaskConfig(kind="token", source=_pos_folder(tmp_path)))
     meta = read_meta(out)
     assert meta["scheme"] == stats["scheme"] == "plain"
     assert meta["labels"] == ["NOUN", "DET", "VERB"]  # the tags, the most frequent first
@@ -164,9 +165,10 @@ def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
     (tmp_path / "chunks").mkdir()
     for split, text in (("train", CONLL_TRAIN), ("valid", CONLL_DEV), ("test", CONLL_TEST)):
         (tmp_path / "chunks" / f"{split}.txt").write_text(text)
-    stats, out = prepare(tmp_path, TaskConfig("token", "chunks", columns={"tags": "2"}))
+    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="chunks", columns={"tags": "2"}))
     assert (stats["scheme"], read_meta(out)["labels"]) == ("bio", ["NP", "VP"])
-    stats, out = prepare(tmp_path, TaskConfig("token", "chunks", columns={"tags": "2"}, scheme="plain"))
+    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="chunks", columns={"tags": "2"},
+                                              scheme="plain"))
     assert (stats["scheme"], read_meta(out)["labels"]) == ("plain", ["B-NP", "I-NP", "B-VP"])
     assert "changed" not in stats or "tags_iob1_to_bio2" not in stats["changed"]  # plain: as given
 
@@ -174,28 +176,28 @@ def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
 def test_plain_tags_mistakes_are_named(tmp_path):
     source = _pos_folder(tmp_path)
     with pytest.raises(DataError) as info:  # a plain file read as BIO: the first bad tag
-        prepare(tmp_path, TaskConfig("token", source, scheme="bio"))
+        prepare(tmp_path, TaskConfig(kind="token", source=source, scheme="bio"))
     assert "pos/train.txt:1: malformed BIO tag 'DET' on token 'The'" in str(info.value)
     assert "scheme: plain" in str(info.value)
     with pytest.raises(ConfigError, match="span task reads entities from BIO tags"):
-        prepare(tmp_path, TaskConfig("span", source, scheme="plain"))
+        prepare(tmp_path, TaskConfig(kind="span", source=source, scheme="plain"))
     adj = {"tokens": ["a", "big", "dog"], "tags": ["DET", "ADJ", "NOUN"]}
     write_jsonl(tmp_path / "adj.jsonl", [adj] * 20)
     with pytest.raises(DataError, match="tag 'ADJ' on token 'big' is not one of the task's labels"):
-        prepare(tmp_path, TaskConfig("token", "adj.jsonl", labels=["DET", "NOUN"]))
+        prepare(tmp_path, TaskConfig(kind="token", source="adj.jsonl", labels=["DET", "NOUN"]))
     write_jsonl(tmp_path / "empty.jsonl", [{"tokens": ["a", "dog"], "tags": ["DET", " "]}] * 20)
     with pytest.raises(DataError, match=r"empty.jsonl:\d+, token 2: empty tag on token 'dog'"):
-        prepare(tmp_path, TaskConfig("token", "empty.jsonl"))
+        prepare(tmp_path, TaskConfig(kind="token", source="empty.jsonl"))
     write_jsonl(tmp_path / "one.jsonl", [{"tokens": ["a", "dog"], "tags": ["X", "X"]}] * 20)
     with pytest.raises(DataError, match=r"train has only one tag \['X'\]"):
-        prepare(tmp_path, TaskConfig("token", "one.jsonl"))
+        prepare(tmp_path, TaskConfig(kind="token", source="one.jsonl"))
 
 
 def test_jsonl_pair_task(tmp_path):
     rows = [{"a": f"first sentence {i}", "b": f"second sentence {i}", "label": i % 2}
             for i in range(40)]
     write_jsonl(tmp_path / "pairs.jsonl", rows)
-    task = TaskConfig("pair", "pairs.jsonl", columns={"text_a": "a", "text_b": "b"},
+    task = TaskConfig(kind="pair", source="pairs.jsonl", columns={"text_a": "a", "text_b": "b"},
                       split=[0.5, 0.25, 0.25], split_seed=3)
     stats, out = prepare(tmp_path, task)
     assert stats["examples"] == {"train": 20, "valid": 10, "test": 10}
@@ -213,18 +215,18 @@ def test_folder_with_train_only_is_split_and_parquet_works(tmp_path):
     folder.mkdir()
     rows = [{"text": r["review"], "label": r["stars"]} for r in reviews(50)]
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
-    stats, out = prepare(tmp_path, TaskConfig("classification", "mine"))
+    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="mine"))
     assert stats["examples"] == {"train": 40, "valid": 5, "test": 5}
     assert "carved from train" in stats["split"]
 
 
 def test_max_train_examples_samples_train_only(tmp_path):
     write_csv(tmp_path / "r.csv", [{"text": r["review"], "label": r["stars"]} for r in reviews(200)])
-    task = TaskConfig("classification", "r.csv", max_train_examples=30)
+    task = TaskConfig(kind="classification", source="r.csv", max_train_examples=30)
     stats, out = prepare(tmp_path, task)
     assert stats["examples"] == {"train": 30, "valid": 20, "test": 20}
     assert stats["train_sampled_from"] == 160
-    full_stats, full = prepare(tmp_path, TaskConfig("classification", "r.csv"), "full")
+    full_stats, full = prepare(tmp_path, TaskConfig(kind="classification", source="r.csv"), "full")
     sample = set(read_split(out, "train")["text"].to_pylist())
     assert sample < set(read_split(full, "train")["text"].to_pylist())
     assert read_split(out, "test").equals(read_split(full, "test"))  # the sample leaves test alone
@@ -238,29 +240,29 @@ def _bad_label(tmp_path: Path) -> TaskConfig:
     rows = [{"text": r["review"], "label": r["stars"]} for r in reviews(20)]
     rows[6]["label"] = "awful"
     write_csv(tmp_path / "bad.csv", rows)
-    return TaskConfig("classification", "bad.csv", labels=["good", "bad", "meh"])
+    return TaskConfig(kind="classification", source="bad.csv", labels=["good", "bad", "meh"])
 
 
 def _missing_column(tmp_path: Path) -> TaskConfig:
     write_csv(tmp_path / "bad.csv", reviews(20))
-    return TaskConfig("classification", "bad.csv", columns={"label": "stars"})
+    return TaskConfig(kind="classification", source="bad.csv", columns={"label": "stars"})
 
 
 def _conll_missing_tag(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.conll").write_text(CONLL_TRAIN.replace("call NN I-NP O", "call"))
-    return TaskConfig("token", "bad.conll")
+    return TaskConfig(kind="token", source="bad.conll")
 
 
 def _jsonl_lengths(tmp_path: Path) -> TaskConfig:
     rows = [{"tokens": ["Rome", "is"], "tags": ["B-LOC", "O"]}] * 5
     rows = rows + [{"tokens": ["Paris", "is", "big"], "tags": ["B-LOC", "O"]}]
     write_jsonl(tmp_path / "bad.jsonl", rows)
-    return TaskConfig("token", "bad.jsonl")
+    return TaskConfig(kind="token", source="bad.jsonl")
 
 
 def _malformed_tag(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.txt").write_text(CONLL_TRAIN.replace("B-MISC", "MISC"))
-    return TaskConfig("token", "bad.txt")
+    return TaskConfig(kind="token", source="bad.txt")
 
 
 def _empty_text(tmp_path: Path) -> TaskConfig:
@@ -268,12 +270,12 @@ def _empty_text(tmp_path: Path) -> TaskConfig:
             for i in range(20)]
     rows[3]["text_b"] = "   "
     write_jsonl(tmp_path / "bad.jsonl", rows)
-    return TaskConfig("pair", "bad.jsonl")
+    return TaskConfig(kind="pair", source="bad.jsonl")
 
 
 def _one_class(tmp_path: Path) -> TaskConfig:
     write_csv(tmp_path / "bad.csv", [{"text": f"text {i}", "label": "spam"} for i in range(20)])
-    return TaskConfig("classification", "bad.csv")
+    return TaskConfig(kind="classification", source="bad.csv")
 
 
 def _empty_split(tmp_path: Path) -> TaskConfig:
@@ -282,40 +284,40 @@ def _empty_split(tmp_path: Path) -> TaskConfig:
     write_csv(folder / "train.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(10)])
     write_csv(folder / "valid.csv", [{"text": "v", "label": "a"}])
     (folder / "test.csv").write_text("text,label\n")
-    return TaskConfig("classification", "bad")
+    return TaskConfig(kind="classification", source="bad")
 
 
 def _too_small(tmp_path: Path) -> TaskConfig:
     write_csv(tmp_path / "tiny.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(4)])
-    return TaskConfig("classification", "tiny.csv")
+    return TaskConfig(kind="classification", source="tiny.csv")
 
 
 def _binary_csv(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.csv").write_bytes(b"\x00\x01PK\x03\x04" * 100)
-    return TaskConfig("classification", "bad.csv")
+    return TaskConfig(kind="classification", source="bad.csv")
 
 
 def _broken_parquet(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
-    return TaskConfig("classification", "bad.parquet")
+    return TaskConfig(kind="classification", source="bad.parquet")
 
 
 def _unknown_builtin(tmp_path: Path) -> TaskConfig:
-    return TaskConfig("classification", "imdb-sentiment")
+    return TaskConfig(kind="classification", source="imdb-sentiment")
 
 
 def _duplicate_header(tmp_path: Path) -> TaskConfig:
     # `review,verdict,review`: every text was read from the last column, without a word.
     (tmp_path / "bad.csv").write_text("review,verdict,review\n" + "".join(
         f"great film {i},{'pos' if i % 2 else 'neg'},note {i}\n" for i in range(30)))
-    return TaskConfig("classification", "bad.csv", columns={"text": "review", "label": "verdict"})
+    return TaskConfig(kind="classification", source="bad.csv", columns={"text": "review", "label": "verdict"})
 
 
 def _label_with_a_stray_space(tmp_path: Path) -> TaskConfig:
     rows = [{"text": f"review {i}", "label": "pos" if i % 2 else "neg"} for i in range(40)]
     rows[9]["label"] = " neg"  # was a third class
     write_csv(tmp_path / "bad.csv", rows)
-    return TaskConfig("classification", "bad.csv")
+    return TaskConfig(kind="classification", source="bad.csv")
 
 
 def _spans_all_too_long(tmp_path: Path) -> TaskConfig:
@@ -323,7 +325,7 @@ def _spans_all_too_long(tmp_path: Path) -> TaskConfig:
     rows = [{"tokens": [*name, "said", str(i)], "tags": ["B-ORG"] + ["I-ORG"] * 8 + ["O", "O"]}
             for i in range(20)]
     write_jsonl(tmp_path / "bad.jsonl", rows)
-    return TaskConfig("span", "bad.jsonl", max_span_words=8)
+    return TaskConfig(kind="span", source="bad.jsonl", max_span_words=8)
 
 
 ERROR_CASES = {
@@ -368,7 +370,7 @@ def test_json_lines_may_hold_line_separators_inside_strings(tmp_path):
     # U+2028 and U+0085 are valid inside a JSON string; str.splitlines split lines at them.
     rows = [{"text": f"line one\u2028line two\u0085 {i}", "label": "ab"[i % 2]} for i in range(30)]
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    stats, out = prepare(tmp_path, TaskConfig("classification", "r.jsonl"))
+    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.jsonl"))
     assert sum(stats["examples"].values()) == 30
     assert "\u2028" in read_split(out, "train")["text"][0].as_py()
 
@@ -378,7 +380,7 @@ def test_entities_longer_than_the_span_limit_are_counted(tmp_path):
              "tags": ["B-PER", "I-PER", "O", "O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "I-ORG", "I-ORG",
                       "O"]} for i in range(30)]
     write_jsonl(tmp_path / "s.jsonl", rows)
-    stats, _ = prepare(tmp_path, TaskConfig("span", "s.jsonl", max_span_words=4))
+    stats, _ = prepare(tmp_path, TaskConfig(kind="span", source="s.jsonl", max_span_words=4))
     assert stats["changed"]["entities_over_max_span_words"] == 30  # each ORG: 6 words, never found
 
 
@@ -389,7 +391,7 @@ def test_unseen_label_in_test_is_named(tmp_path):
     write_csv(folder / "valid.csv", [{"text": "v", "label": "a"}])
     write_csv(folder / "test.csv", [{"text": "w", "label": "a"}, {"text": "x", "label": "c"}])
     with pytest.raises(DataError, match=r"test.csv:3 \(row 2\): label 'c' in test never occurs"):
-        prepare(tmp_path, TaskConfig("classification", "f"))
+        prepare(tmp_path, TaskConfig(kind="classification", source="f"))
 
 
 def test_data_contract_runs_on_written_splits(tmp_path):
@@ -406,14 +408,12 @@ def test_data_contract_runs_on_written_splits(tmp_path):
 
 def test_config_mistakes(tmp_path):
     write_csv(tmp_path / "r.csv", reviews(10))
-    with pytest.raises(ConfigError, match="split"):
-        prepare(tmp_path, TaskConfig("classification", "r.csv", split=[0.5, 0.1]))
     with pytest.raises(ConfigError, match="unknown role"):
-        prepare(tmp_path, TaskConfig("classification", "r.csv", columns={"sentence": "review"}))
+        prepare(tmp_path, TaskConfig(kind="classification", source="r.csv", columns={"sentence": "review"}))
     with pytest.raises(ConfigError, match="entity types"):
-        prepare(tmp_path, TaskConfig("token", "r.csv", labels=["B-PER", "O"]))
+        prepare(tmp_path, TaskConfig(kind="token", source="r.csv", labels=["B-PER", "O"]))
     with pytest.raises(ConfigError, match="is a pair task"):
-        prepare(tmp_path, TaskConfig("classification", "news-order"))
+        prepare(tmp_path, TaskConfig(kind="classification", source="news-order"))
 
 
 # ----------------------------------------------------------------------------- built-ins
@@ -423,8 +423,9 @@ def builtins(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
     """Every default task prepared once from the real packages, whole (the defaults sample some
     training splits): name -> (stats, folder)."""
     out = tmp_path_factory.mktemp("tasks")
-    return {name: (prepare_task(name, replace(task, max_train_examples=0), out, PACKAGES, out / name),
-                   out / name) for name, task in FinetuneConfig().tasks.items()}
+    return {name: (prepare_task(name, task.model_copy(update={"max_train_examples": 0}), out, PACKAGES,
+                                out / name),
+                   out / name) for name, task in section(FinetuneConfig).tasks.items()}
 
 
 def texts_of(folder: Path, *columns: str) -> dict[str, set[str]]:
@@ -480,7 +481,7 @@ def test_trec_same_type(builtins):
         assert abs(counts["same"] - counts["different"]) <= 1, split
     # A `same` pair really shares the fine type (both questions' labels from the source file).
     fine = {q["text"]: q["fine"] for q in builtin._trec_questions(
-        builtin.Context("x", TaskConfig("pair", "trec-same-type"), Path("."), PACKAGES))}
+        builtin.Context("x", TaskConfig(kind="pair", source="trec-same-type"), Path("."), PACKAGES))}
     for row in read_split(out, "valid").to_pylist():
         assert (fine[row["text_a"]] == fine[row["text_b"]]) == (row["label"] == "same")
 
@@ -491,7 +492,7 @@ def test_news_order(builtins):
     for counts in stats["label_counts"].values():
         assert abs(counts["ordered"] - counts["swapped"]) <= 1
     # The articles behind each split's pairs (the loader names them) never meet.
-    ctx = builtin.Context("news-order", TaskConfig("pair", "news-order"), Path("."), PACKAGES)
+    ctx = builtin.Context("news-order", TaskConfig(kind="pair", source="news-order"), Path("."), PACKAGES)
     loaded = builtin._news_order(ctx)
     articles = {s: {ex["_where"].split(", sentences")[0] for ex in loaded[s]} for s in SPLITS}
     assert disjoint(articles)

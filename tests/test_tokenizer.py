@@ -9,6 +9,7 @@ import pytest
 from components.core.config import TokenizerConfig
 from components.core.errors import DataError
 from components.data.tokenizer import SPECIAL_TOKENS, load, train_tokenizer
+from tests.conftest import section
 
 TEXT_A = "The President addressed Congress about the economy."
 TEXT_B = "Unbelievably, the senators applauded twice!"
@@ -45,7 +46,7 @@ def test_transformers_loads_it_with_identical_ids(stages_dir):
 
 
 def test_stats_on_heldout(stages_dir):
-    stats = train_tokenizer(TokenizerConfig(vocab_size=2000), stages_dir / "clean",
+    stats = train_tokenizer(section(TokenizerConfig, vocab_size=2000), stages_dir / "clean",
                             stages_dir / "tok-again")
     assert stats["vocab_size"] == 2000
     assert stats["unk_rate"] < 0.01 and 1.0 < stats["tokens_per_word"] < 1.6
@@ -57,7 +58,7 @@ def test_stats_on_heldout(stages_dir):
 def test_bpe_option_uses_the_same_conventions(stages_dir, tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    stats = train_tokenizer(TokenizerConfig(kind="bpe", vocab_size=1500), stages_dir / "clean",
+    stats = train_tokenizer(section(TokenizerConfig, kind="bpe", vocab_size=1500), stages_dir / "clean",
                             tmp_path / "bpe")
     tok = load(tmp_path / "bpe")
     enc = tok.encode(TEXT_A, TEXT_B)
@@ -80,7 +81,7 @@ def test_same_corpus_gives_byte_identical_tokenizers(stages_dir, tmp_path, kind,
     # 8,192 pieces from this corpus reach merges seen two or three times, full of ties, and a
     # 58-character alphabet cuts between characters seen once: `tokenizers` broke both kinds of
     # tie in hash-map order, a new seed in every map, so three trainings gave two or three results.
-    cfg = TokenizerConfig(kind=kind, vocab_size=8192, limit_alphabet=limit_alphabet)
+    cfg = section(TokenizerConfig, kind=kind, vocab_size=8192, limit_alphabet=limit_alphabet)
     for i in range(3):
         train_tokenizer(cfg, stages_dir / "clean", tmp_path / str(i))
     first = _files(tmp_path / "0")
@@ -88,14 +89,15 @@ def test_same_corpus_gives_byte_identical_tokenizers(stages_dir, tmp_path, kind,
 
 
 def test_vocab_larger_than_the_corpus_supports_is_reported(stages_dir, tmp_path):
-    stats = train_tokenizer(TokenizerConfig(vocab_size=200_000), stages_dir / "clean", tmp_path / "t")
+    stats = train_tokenizer(section(TokenizerConfig, vocab_size=200_000), stages_dir / "clean",
+                            tmp_path / "t")
     assert stats["vocab_size"] < 200_000
     assert "supports only" in stats["warning"]
 
 
 def test_missing_input_is_an_error(tmp_path):
     with pytest.raises(DataError, match="no shards in .*train; run the clean stage first"):
-        train_tokenizer(TokenizerConfig(), tmp_path / "nothing", tmp_path / "t")
+        train_tokenizer(section(TokenizerConfig), tmp_path / "nothing", tmp_path / "t")
     assert not (tmp_path / "t").exists()
 
 
@@ -112,7 +114,7 @@ def test_transformers_agrees_on_held_out_text(stages_dir, tmp_path, kind, lowerc
 
     folder = stages_dir / "tokenizer"
     if kind == "bpe" or not lowercase:  # the fixture's tokenizer is lowercased WordPiece
-        train_tokenizer(TokenizerConfig(kind=kind, vocab_size=1500, lowercase=lowercase),
+        train_tokenizer(section(TokenizerConfig, kind=kind, vocab_size=1500, lowercase=lowercase),
                         stages_dir / "clean", tmp_path / "b")
         folder = tmp_path / "b"
     ours, hf = load(folder), AutoTokenizer.from_pretrained(folder)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, run_cli, write_params
+from tests.conftest import BIN, run_cli, section, small_params, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +40,8 @@ def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_pa
     from components.core import tracking
     from components.core.config import TrackingConfig
 
-    params = write_params(tmp_path, {"tracking": {"uri": "sqlite:///mlflow.db"}})
-    with tracking.mlflow_run(TrackingConfig(uri="sqlite:///mlflow.db"), tmp_path, "ingest"):
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    with tracking.mlflow_run(section(TrackingConfig, uri="sqlite:///mlflow.db"), tmp_path, "ingest"):
         pass
     port = _free_port()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
@@ -87,7 +87,7 @@ def _command_lines() -> dict[str, str]:
 
 
 def test_ui_on_a_taken_port_is_one_clear_error_and_a_failure(tmp_path):
-    params = write_params(tmp_path, {"tracking": {"uri": "sqlite:///mlflow.db"}})
+    params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         out = run_cli("bertflow", "ui", "--port", str(port), "-p", str(params), cwd=tmp_path,

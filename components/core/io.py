@@ -84,8 +84,17 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                 folder.rmdir()
         raise
     (tmp / TEMP_MARK).unlink()
+    _usual_modes(tmp)
     mark(tmp)
     replace_path(tmp, final)
+
+
+def _usual_modes(folder: Path) -> None:
+    """Every file and folder under `folder` with the mode a new one gets here (0644 and 0755
+    under the usual umask): libraries that write through a temp file (safetensors) leave 0600."""
+    mask = _umask()
+    for path in folder.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _temp_dir(final: Path, kind: str) -> Path:
@@ -161,3 +170,14 @@ def _umask() -> int:
 def read_json(path: Path) -> Any:
     """Read a JSON file."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

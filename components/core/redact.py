@@ -1,18 +1,12 @@
 """Keep secrets out of logs, MLflow params and tags: credentials in URLs and the values of
-secret-looking environment variables are masked wherever text leaves the process."""
+secret-looking environment variables are masked wherever text leaves the process (the consoles
+and an orchestrator's error states: pipeline.ops.redaction)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
-import sys
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 MASK = "***"
 # scheme://user:password@host -> scheme://user:***@host, and scheme://TOKEN@host (a token as
@@ -67,42 +61,3 @@ def install_log_redaction() -> None:
 
     factory.redacts = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(factory)
-
-
-class RedactingStream:
-    """A text stream that masks secrets in everything written through it: the libraries' own
-    prints (MLflow writes "View run ... at: <tracking URI>" straight to stdout)."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(redact(text))
-        return len(text)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-def install_stream_redaction() -> None:
-    """Route this process's stdout and stderr through RedactingStream (once)."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, RedactingStream):
-            setattr(sys, name, RedactingStream(stream))
-
-
-def masks_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Decorate `fn` so that its exceptions go out with secrets masked in their message, their
-    type unchanged: an orchestrator stores that message (Prefect's state) where logs don't go."""
-    @functools.wraps(fn)
-    def masked(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as e:
-            e.args = tuple(redact(a) if isinstance(a, str) else a for a in e.args)
-            if isinstance(getattr(e, "message", None), str):  # MLflow's exceptions keep it twice
-                e.message = redact(e.message)
-            raise
-
-    return masked

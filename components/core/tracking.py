@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from components.core import relocation
-from components.core.config import TrackingConfig, flatten
+from components.core.config import TrackingConfig
 from components.core.errors import BertflowError
+from components.core.io import flatten
 from components.core.redact import redact
 
 PARENT_TAG = "mlflow.parentRunId"

@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from components.core.config import ExecutorConfig, PairsConfig
-from components.core.errors import ConfigError, DataError
+from components.core.errors import DataError
 from components.core.io import SPLITS, atomic_dir, list_shards
 from components.core.parallel import ShardExecutor
 from components.core.seeds import stable_hash
@@ -60,7 +60,6 @@ PAIRS_SCHEMA = pa.schema([
 ])
 LABEL_FRACTION = {"sop": "sop_swapped_fraction"}  # stats key of the label-1 share, per mode
 HIST_BIN = 16  # tokens per bin of the length histogram
-MIN_SEQ_LEN = 8
 
 Document = list[list[int]]  # sentences of token ids
 Instance = tuple[list[int], list[int], int]  # (A, B, label); packing puts everything in A
@@ -307,11 +306,6 @@ def _pairs_shard(task: _ShardTask) -> Counter:
 def make_pairs(cfg: PairsConfig, executor: ExecutorConfig, clean_dir: Path, tokenizer_dir: Path,
                out_dir: Path) -> dict:
     """Build the instances of every clean shard into `out_dir/{train,heldout}`; return stats."""
-    from components.data.tokenizer import load
-
-    if cfg.max_seq_len < MIN_SEQ_LEN:
-        raise ConfigError(f"pairs.max_seq_len={cfg.max_seq_len}: must be at least {MIN_SEQ_LEN} "
-                          f"([CLS] A [SEP] B [SEP] needs room for text)")
     tok = load(tokenizer_dir)
     vocab_size = tok.get_vocab_size()
     stats: dict = {"mode": cfg.mode}

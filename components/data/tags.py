@@ -38,16 +38,3 @@ def bio_to_spans(tags: Sequence[str]) -> list[Span]:
     if start >= 0:
         spans.append((start, len(tags), current))
     return spans
-
-
-def spans_to_bio(spans: Sequence[Span], n: int) -> list[str]:
-    """BIO2 tags of `n` words for non-overlapping spans (every entity begins with B-)."""
-    tags = ["O"] * n
-    for start, end, kind in sorted(spans):
-        if not 0 <= start < end <= n:
-            raise ValueError(f"span {(start, end, kind)} outside 0..{n} or empty")
-        if any(t != "O" for t in tags[start:end]):
-            raise ValueError(f"span {(start, end, kind)} overlaps another span")
-        tags[start] = f"B-{kind}"
-        tags[start + 1:end] = [f"I-{kind}"] * (end - start - 1)
-    return tags

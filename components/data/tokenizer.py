@@ -155,16 +155,16 @@ def add_template(tok) -> None:
     )
 
 
-def transformers_files(cfg: TokenizerConfig, out: Path, max_len: int) -> None:
+def transformers_files(kind: str, lowercase: bool, out: Path, max_len: int) -> None:
     """tokenizer_config.json and special_tokens_map.json, for transformers' `from_pretrained`."""
     # Written by hand rather than with transformers' save_pretrained: it keeps the stage free of
     # a 5 s import, and these few keys are all `from_pretrained` reads.
     specials = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                 "mask_token": MASK}
     config = {
-        "tokenizer_class": "BertTokenizer" if cfg.kind == "wordpiece" else "PreTrainedTokenizerFast",
-        "do_lower_case": cfg.lowercase,
-        "strip_accents": cfg.lowercase,
+        "tokenizer_class": "BertTokenizer" if kind == "wordpiece" else "PreTrainedTokenizerFast",
+        "do_lower_case": lowercase,
+        "strip_accents": lowercase,
         "tokenize_chinese_chars": True,
         "model_max_length": max_len,
         "clean_up_tokenization_spaces": False,
@@ -236,7 +236,7 @@ def train_tokenizer(cfg: TokenizerConfig, clean_dir: Path, out_dir: Path,
             write_vocab(tok, tmp)
         else:
             tok.model.save(str(tmp))
-        transformers_files(cfg, tmp, max_len)
+        transformers_files(cfg.kind, cfg.lowercase, tmp, max_len)
     return stats
 
 

@@ -1,10 +1,12 @@
 """Stage `evaluate@task`: score every fit of a task on its test split, the task's baseline
-(TF-IDF + LR for texts, the most frequent tag for token tasks), and plots (validation curves of
-all fits; confusion and per-class F1 of the exported fit)."""
+(TF-IDF + LR for texts, the most frequent tag for token tasks), a warning when the exported arm
+ends below it, and plots (validation curves of all fits; confusion and per-class F1 of the
+exported fit)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,8 @@ from components.model.metadata import INFO_FILE, read_task_model_info
 
 if TYPE_CHECKING:
     from components.core.config import EvaluateConfig, TaskConfig
+
+log = logging.getLogger(__name__)
 
 
 def _floats(metrics: dict) -> dict[str, float]:
@@ -74,6 +78,11 @@ def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Pa
         stats["baseline"] = {"name": MOST_FREQUENT_TAG, **_floats(found)}
     exported = Path(model_dir) / "model"  # plots describe the exported fit
     first = read_task_model_info(exported).fit if (exported / INFO_FILE).exists() else names[0]
+    arm, baseline = first.rsplit("-s", 1)[0], stats["baseline"]
+    if baseline and metric in baseline and stats["primary"][arm]["mean"] < baseline[metric]:
+        stats["warning"] = (f"the {arm} fits ({metric} {stats['primary'][arm]['mean']:.4f}) end below "
+                            f"the {baseline['name']} baseline ({baseline[metric]:.4f})")
+        log.warning("evaluate %s: %s", name, stats["warning"])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_curves(histories, out_dir / "curves.png", out_dir / "curves.csv")

@@ -48,15 +48,15 @@ def write_confusion(metrics: dict, png: Path, csv: Path) -> None:
     plt = _pyplot()
     size = max(4.0, 0.6 * len(labels) + 2)
     fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(matrix, cmap="Blues")
+    image = ax.imshow(matrix, cmap="Blues")
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
     ax.set_yticks(range(len(labels)), labels)
     ax.set(xlabel="predicted", ylabel="actual")
-    top = matrix.max() if matrix.size else 0
     for i in range(len(labels)):
-        for j in range(len(labels)):  # dark cells get white text so the count stays readable
-            ax.text(j, i, str(matrix[i, j]), ha="center", va="center",
-                    color="white" if top and matrix[i, j] > top / 2 else "black")
+        for j in range(len(labels)):  # the count in white on a dark cell, black on a light one
+            red, green, blue, _ = image.cmap(image.norm(matrix[i, j]))
+            dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
+            ax.text(j, i, str(matrix[i, j]), ha="center", va="center", color="white" if dark else "black")
     fig.tight_layout()
     _save(fig, png)
     plt.close(fig)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.core.config import flatten
+from components.core.io import flatten
 from components.evaluation.tables import cost_cells, transfer_cells
 
 DATA_STAGES = ("ingest", "clean", "checkpoint", "tokenizer", "pairs")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from components.core.config import flatten
+from components.core.io import flatten
 from components.evaluation.tables import transfer_cells
 
 HEADLINES: dict[str, tuple[str, ...]] = {

@@ -22,7 +22,6 @@ import json
 import logging
 from pathlib import Path
 
-from components.core.config import TokenizerConfig
 from components.core.errors import DataError
 from components.core.io import atomic_dir, write_json
 from components.core.packages import ensure_package
@@ -116,7 +115,7 @@ def import_checkpoint(init_from: str, root: Path, packages_dir: Path, out_dir: P
         tok.save(str(tmp / "tokenizer.json"))
         write_vocab(tok, tmp)
         lowercase = (json.loads(tok.to_str())["normalizer"] or {}).get("lowercase", False)
-        transformers_files(TokenizerConfig(kind="wordpiece", lowercase=bool(lowercase)), tmp,
+        transformers_files("wordpiece", bool(lowercase), tmp,
                            cfg.max_position)
         write_info(tmp, info)
     log.info("checkpoint %s: %s parameters, %d layers x %d hidden, vocabulary %d; heads it lacks "

@@ -1,7 +1,7 @@
 """Masked-LM masking as a batch transform (dynamic: every batch draws fresh masks).
 
 Selection follows Google's create_masked_lm_predictions: per sequence exactly
-`min(max_predictions, max(1, round(n * p)))` of its n non-special tokens are selected, by
+`min(max_predictions_per_seq, max(1, round(n * p)))` of its n non-special tokens are selected, by
 token, by whole word (`##` pieces go with their word), or by SpanBERT spans (lengths in words
 from Geometric(0.2) clipped at 10, until the budget is used). Of the selected units 80% become
 [MASK], 10% a random token (uniform, or by unigram frequency), 10% stay; whole words and spans
@@ -34,11 +34,11 @@ class MaskingSpec:
     """Ids never selected ([PAD], [CLS], [SEP], [UNK] ...)."""
     continuation: torch.Tensor
     """(V,) bool: True for `##` pieces (word-internal)."""
-    probability: float = 0.15
+    mlm_probability: float = 0.15
     """Share of non-special tokens selected."""
-    max_predictions: int = 20
+    max_predictions_per_seq: int = 20
     """Cap on selected tokens per sequence."""
-    unit: Literal["token", "whole_word", "span"] = "token"
+    masking: Literal["token", "whole_word", "span"] = "token"
     """What is selected: tokens, whole words, or SpanBERT spans."""
     unigram: torch.Tensor | None = None
     """(V,) token frequencies for random replacements; uniform over non-special ids if None."""
@@ -63,14 +63,14 @@ class Masker:
     def __call__(self, input_ids: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         spec = self.spec
         candidates = ~self.special[input_ids]  # (B, T)
-        budget = (candidates.sum(1).double() * spec.probability).round().long()
-        budget = budget.clamp(min=1, max=spec.max_predictions)  # (B,) tokens to select per row
+        budget = (candidates.sum(1).double() * spec.mlm_probability).round().long()
+        budget = budget.clamp(min=1, max=spec.max_predictions_per_seq)  # (B,) tokens to select per row
         out: dict[str, torch.Tensor] = {}
-        if spec.unit == "span":
+        if spec.masking == "span":
             units, out = self._spans(input_ids, candidates, budget, generator)
         else:
             # A unit is a token, or a word (a start token and its following `##` pieces).
-            starts = (self._word_starts(input_ids, candidates) if spec.unit == "whole_word"
+            starts = (self._word_starts(input_ids, candidates) if spec.masking == "whole_word"
                       else candidates)
             units = torch.cumsum(starts, dim=1) * candidates  # (B, T) unit number, 0 = none
             units = self._choose_units(units, budget, generator)

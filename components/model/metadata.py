@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from components.core.config import TaskConfig, from_dict
+from components.core.config import TaskConfig
 from components.core.errors import DataError
 from components.core.io import write_json
+from components.core.params import parse
 from components.model.config import BertConfig
 
 INFO_FILE = "bertflow.json"
@@ -132,7 +133,7 @@ def read_task_model_info(folder: Path) -> TaskModelInfo:
     data = _read(folder, "not an exported task model")
     id2label = data.get("id2label", {})
     space = [id2label.get(str(i)) for i in range(len(id2label))]
-    task = from_dict(TaskConfig, data.get("task"), f"{Path(folder) / INFO_FILE}:task")
+    task = parse(TaskConfig, data.get("task"), f"{Path(folder) / INFO_FILE}:task")
     # Models registered before these fields existed keep working: `fit` was `run`, and every
     # token and span model was BIO.
     return _record(TaskModelInfo, folder, data, config=_config(folder, data), space=space, task=task,
@@ -144,6 +145,7 @@ def write_info(folder: Path, info: CheckpointInfo | EncoderInfo | TaskModelInfo)
     """bertflow.json of a model folder (a task model's output space as transformers' id2label)."""
     data = asdict(info)
     if isinstance(info, TaskModelInfo):
+        data["task"] = info.task.model_dump()
         data["id2label"] = dict(enumerate(data.pop("space")))  # JSON keys "0", "1", ... in order
     if isinstance(info, CheckpointInfo) and not info.init_from:
         data = {"init_from": ""}  # no checkpoint: nothing else to say

@@ -13,7 +13,6 @@ Without `adapted` in finetune.init the stage writes an empty record, so DVC's gr
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -73,10 +72,10 @@ def write_task_pairs(task_dir: Path, kind: str, encoder_dir: Path, max_seq_len: 
 def adapt_config(cfg: AdaptConfig, pretrain_cfg: PretrainConfig) -> PretrainConfig:
     """The pretrain settings of the continued run: the pretrain stage's masking and optimiser,
     adapt's budget and rate, no curriculum (the encoder already reads context)."""
-    return replace(pretrain_cfg, init_from=START, head_warmup_steps=0, max_steps=cfg.steps, lr=cfg.lr,
-                   warmup_steps=cfg.steps // 10, batch_size=cfg.batch_size, accumulate=1,
-                   short_seq_steps=0, max_minutes=0.0, val_every_steps=max(1, cfg.steps // 4),
-                   snapshot_every_steps=max(1, cfg.steps // 4))
+    return pretrain_cfg.model_copy(update=dict(
+        init_from=START, head_warmup_steps=0, max_steps=cfg.steps, lr=cfg.lr, warmup_steps=cfg.steps // 10,
+        batch_size=cfg.batch_size, accumulate=1, short_seq_steps=0, max_minutes=0.0,
+        val_every_steps=max(1, cfg.steps // 4), snapshot_every_steps=max(1, cfg.steps // 4)))
 
 
 def adapt_task(cfg: AdaptConfig, enabled: bool, task: TaskConfig, model: ModelConfig,
@@ -95,8 +94,9 @@ def adapt_task(cfg: AdaptConfig, enabled: bool, task: TaskConfig, model: ModelCo
     counts = write_task_pairs(task_dir, task.kind, encoder_dir, cfg.max_seq_len, cfg.batch_size, pairs)
     log.info("adapt: %d sequences of the train split's text, %d of validation's; %d steps at lr %g",
              counts["train"]["sequences"], counts["heldout"]["sequences"], cfg.steps, cfg.lr)
-    stats = pretrain(model, adapt_config(cfg, pretrain_cfg), pairs, encoder_dir, out_dir, work_dir,
-                     checkpoint_dir=encoder_dir, mlflow_run=mlflow_run,
+    stats = pretrain(model=model, cfg=adapt_config(cfg, pretrain_cfg), pairs_dir=pairs,
+                     tokenizer_dir=encoder_dir,
+                     out_dir=out_dir, work_dir=work_dir, checkpoint_dir=encoder_dir, mlflow_run=mlflow_run,
                      start_info=CheckpointInfo(init_from=START, config=encoder.config))
     remove_owned(pairs)
     return {"adapted": True, **counts, **stats}

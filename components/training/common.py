@@ -15,10 +15,15 @@ def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
     `fused`: torch's one-kernel update (CPU and CUDA) rather than its CPU default, a loop over
     the parameters that took a tenth of a fine-tuning step (benchmarks/RESULTS.md, "Optimizer
     step"); False is that loop, for the benchmark."""
+    return torch.optim.AdamW(decay_groups(params, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def decay_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups as BERT's: weight decay on the matrices, none on biases and
+    LayerNorm (the 1-d parameters)."""
     params = list(params)
-    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                             lr=lr, betas=betas, eps=eps, fused=fused)
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
 
 def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:

@@ -16,9 +16,10 @@ on a sample, scored on validation only, for the transfer probe (training/probe.p
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +224,8 @@ def fit(spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | No
     L.seed_everything(spec.seed, workers=True, verbose=False)
     data = Batches(train, spec.kind, cfg.batch_size, spec.seed)
     steps = len(data)
+    # A task of a few dozen rows takes epochs enough for finetune.min_steps: 4 steps learn nothing.
+    spec = replace(spec, epochs=max(spec.epochs, math.ceil(cfg.min_steps / max(steps, 1))))
     module = FinetuneModule(spec, bert, cfg, weights, valid, valid_gold, steps)
     # Validation a few times per epoch (not on a partial last interval): early stopping and
     # the best weights see the model as it improves, not only at epoch ends.
@@ -230,10 +233,10 @@ def fit(spec: FitSpec, bert: BertConfig, cfg: FinetuneConfig, weights: Path | No
     best = ModelCheckpoint(dirpath=work, monitor="val/metric", mode="max", save_top_k=1,
                            save_weights_only=True, filename="best")
     trainer = L.Trainer(
-        accelerator="auto", devices=1, precision=resolve_precision("auto"), max_epochs=spec.epochs,
-        val_check_interval=interval, num_sanity_val_steps=0, limit_val_batches=1,
-        gradient_clip_val=1.0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        deterministic=cfg.deterministic,
+        accelerator="auto", devices=1, precision=resolve_precision(cfg.precision), max_epochs=spec.epochs,
+        min_steps=cfg.min_steps, val_check_interval=interval, num_sanity_val_steps=0, limit_val_batches=1,
+        gradient_clip_val=cfg.grad_clip or None, deterministic=cfg.deterministic, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
         callbacks=[best, EarlyStopping("val/metric", mode="max", patience=spec.patience)],
     )
     trainer.fit(module, train_dataloaders=DataLoader(data, batch_size=None),

@@ -14,7 +14,9 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,7 +35,7 @@ from components.model.electra import ElectraForPretraining, generator_config
 from components.model.folders import write_encoder
 from components.model.masking import Masker
 from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoint_info
-from components.training.common import resolve_precision
+from components.training.common import decay_groups, resolve_precision
 from components.training.pretrain_data import masking_spec, most_frequent_baseline
 from components.training.pretrain_module import PairsData, PretrainModule
 from components.training.snapshot_io import AtomicCheckpointIO
@@ -43,8 +45,6 @@ log = logging.getLogger(__name__)
 
 def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> BertConfig:
     """Our BertConfig from the params' model section, the real vocabulary and the objective."""
-    if model.preset not in model.presets:
-        raise ConfigError(f"model.preset={model.preset!r} is not one of {sorted(model.presets)}")
     size = model.presets[model.preset]
     return BertConfig(vocab_size=vocab_size, hidden=size.hidden, layers=size.layers,
                       heads=size.heads, intermediate=size.intermediate,
@@ -75,7 +75,7 @@ def run_fingerprint(model_cfg: BertConfig, cfg: PretrainConfig, pairs_dir: Path,
                     start: CheckpointInfo) -> str:
     """Identity of a training run: snapshots are reused only by the run they belong to."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(json.dumps([asdict(model_cfg), asdict(cfg), asdict(start)], sort_keys=True).encode())
+    h.update(json.dumps([asdict(model_cfg), cfg.model_dump(), asdict(start)], sort_keys=True).encode())
     h.update((Path(tokenizer_dir) / "tokenizer.json").read_bytes())
     for split in ("train", "heldout"):
         for path in list_shards(Path(pairs_dir) / split):
@@ -117,18 +117,17 @@ def _set_aside(path: Path, why: str) -> None:
                 path, why, path.name)
 
 
-def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
+def pretrain(*, model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer_dir: Path,
              out_dir: Path, work_dir: Path, checkpoint_dir: Path | None = None,
-             mlflow_run: tuple[str, str] | None = None, start_info: CheckpointInfo | None = None) -> dict:
+             start_info: CheckpointInfo | None = None, mlflow_run: tuple[str, str] | None = None) -> dict:
     """Train (from nothing, or on from the checkpoint stage's output in `checkpoint_dir`),
     resuming from `work_dir`'s last snapshot of the same run, and export to `out_dir`.
 
-    `mlflow_run` is (tracking URI, run id) of the stage's MLflow run, which Lightning's
-    MLFlowLogger writes the curves into. `start_info` describes `checkpoint_dir` when it is not the
-    checkpoint stage's output (the adapt stage continues an exported encoder).
+    `start_info` describes `checkpoint_dir` when it is not the checkpoint stage's output (the
+    adapt stage continues an exported encoder). `mlflow_run` is (tracking URI, run id) of the
+    stage's MLflow run, which Lightning's MLFlowLogger writes the curves into.
     """
     import lightning as L
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     pairs_dir, tokenizer_dir = Path(pairs_dir), Path(tokenizer_dir)
     vocab_size = load(tokenizer_dir).get_vocab_size()
@@ -141,47 +140,13 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
     last = make_owned(snapshot_dir, "pretrain snapshots") / "last.ckpt"
     resume = checked_snapshot(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    fresh: list[str] = []
-    if checkpoint.init_from:
-        start, fresh = load_checkpoint(checkpoint_dir, bert)
-        log.info("pretrain: heads the checkpoint %s lacks start fresh: %s%s", checkpoint.init_from,
-                 ", ".join(fresh) or "none", f"; only they train for the first {cfg.head_warmup_steps} "
-                 f"steps" if cfg.head_warmup_steps else "")
-    else:
-        start = build_model(bert)
-    if cfg.objective == "electra":  # the generator always starts fresh: only the encoder is exported
-        start = ElectraForPretraining(start, generator_config(bert, cfg.generator_fraction), cfg.rtd_weight)
-    module = PretrainModule(start, cfg, tuple(fresh))
+    network, fresh = start_network(bert, cfg, checkpoint, checkpoint_dir)
+    module = PretrainModule(network, cfg, partial(optimizer, cfg=cfg), tuple(fresh))
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
     masker = Masker(spec)
     if cfg.embedding_init == "corpus_svd" and not checkpoint.init_from and resume is None:
-        from components.training.static_vectors import cooccurrence, ppmi_svd
-
-        counts = cooccurrence(pairs_dir / "train", vocab_size, spec.special_ids)
-        with torch.no_grad():
-            module.model.encoder.embeddings.word.weight.copy_(ppmi_svd(counts, bert.hidden, bert.init_std))
-            module.model.encoder.embeddings.word.weight[bert.pad_id].zero_()
-        del counts
-
-    loggers = []
-    if mlflow_run is not None:
-        from lightning.pytorch.loggers import MLFlowLogger
-
-        loggers.append(MLFlowLogger(tracking_uri=mlflow_run[0], run_id=mlflow_run[1]))
-    trainer = L.Trainer(
-        accelerator=cfg.accelerator, devices=_devices(cfg.devices), num_nodes=cfg.num_nodes,
-        strategy=cfg.strategy, precision=resolve_precision(cfg.precision),
-        max_steps=cfg.max_steps,
-        max_time={"minutes": cfg.max_minutes} if cfg.max_minutes else None,
-        gradient_clip_val=cfg.grad_clip, accumulate_grad_batches=cfg.accumulate,
-        val_check_interval=cfg.val_every_steps * cfg.accumulate, check_val_every_n_epoch=None,
-        num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, logger=loggers or False,
-        callbacks=[ModelCheckpoint(dirpath=snapshot_dir, every_n_train_steps=cfg.snapshot_every_steps,
-                                   save_last=True, save_top_k=0),
-                   *([LearningRateMonitor("step")] if loggers else [])],
-        enable_progress_bar=progress.enabled(), enable_model_summary=False,
-        deterministic=cfg.deterministic, plugins=[AtomicCheckpointIO()],
-    )
+        corpus_embeddings(module.model.encoder, bert, pairs_dir, spec.special_ids)
+    trainer = lightning_trainer(cfg, snapshot_dir, mlflow_run)
     data = PairsData(pairs_dir, cfg, masker)
     if checkpoint.init_from and resume is None:  # where continued pretraining starts from
         trainer.validate(module, datamodule=data, verbose=False)
@@ -195,17 +160,90 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
         trainer.validate(module, datamodule=data, verbose=False)
     if not trainer.is_global_zero:
         return {}
+    encoder = getattr(module.model, "disc", module.model)  # ELECTRA: the discriminator, not the generator
+    stats = run_stats(trainer, module, encoder, cfg, checkpoint, fresh)
+    stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
+    # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
+    write_encoder(encoder, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
+                                       stats, module.history), tokenizer_dir, out_dir)
+    remove_owned(snapshot_dir)  # the export is the product; snapshots were for resuming
+    this_run = {"minutes": minutes, "resumed": int(resume is not None)}
+    return {**stats, "history": module.history, "this_run": this_run}
+
+
+def start_network(bert: BertConfig, cfg: PretrainConfig, checkpoint: CheckpointInfo,
+                  checkpoint_dir: Path | None) -> tuple[torch.nn.Module, list[str]]:
+    """The network to train, and the heads it starts fresh: the checkpoint's weights or a random
+    BertForPretraining, inside ELECTRA's generator/discriminator pair for that objective."""
+    fresh: list[str] = []
+    if checkpoint.init_from:
+        network, fresh = load_checkpoint(checkpoint_dir, bert)
+        log.info("pretrain: heads the checkpoint %s lacks start fresh: %s%s", checkpoint.init_from,
+                 ", ".join(fresh) or "none", f"; only they train for the first {cfg.head_warmup_steps} "
+                 f"steps" if cfg.head_warmup_steps else "")
+    else:
+        network = build_model(bert)
+    if cfg.objective == "electra":  # the generator always starts fresh: only the encoder is exported
+        network = ElectraForPretraining(network, generator_config(bert, cfg.generator_fraction),
+                                        cfg.rtd_weight)
+    return network, fresh
+
+
+def optimizer(params: Iterable[torch.nn.Parameter], cfg: PretrainConfig) -> torch.optim.AdamW:
+    """AdamW at pretrain.lr, no weight decay on biases and LayerNorm (the 1-d parameters)."""
+    return torch.optim.AdamW(decay_groups(params, cfg.weight_decay), lr=cfg.lr,
+                             betas=(cfg.beta1, cfg.beta2), eps=1e-6, fused=True)
+
+
+def corpus_embeddings(encoder: torch.nn.Module, bert: BertConfig, pairs_dir: Path,
+                      special_ids: list[int]) -> None:
+    """Token embeddings from the pairs' co-occurrence counts (PPMI + truncated SVD); [PAD] zero."""
+    from components.training.static_vectors import cooccurrence, ppmi_svd
+
+    counts = cooccurrence(pairs_dir / "train", bert.vocab_size, special_ids)
+    with torch.no_grad():
+        encoder.embeddings.word.weight.copy_(ppmi_svd(counts, bert.hidden, bert.init_std))
+        encoder.embeddings.word.weight[bert.pad_id].zero_()
+
+
+def lightning_trainer(cfg: PretrainConfig, snapshot_dir: Path, mlflow_run: tuple[str, str] | None):
+    """Lightning's Trainer for the run: budget, precision, devices, snapshots and the curves."""
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    loggers = []
+    if mlflow_run is not None:
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        loggers.append(MLFlowLogger(tracking_uri=mlflow_run[0], run_id=mlflow_run[1]))
+    return L.Trainer(
+        accelerator=cfg.accelerator, devices=_devices(cfg.devices), num_nodes=cfg.num_nodes,
+        strategy=cfg.strategy, precision=resolve_precision(cfg.precision),
+        max_steps=cfg.max_steps,
+        max_time={"minutes": cfg.max_minutes} if cfg.max_minutes else None,
+        gradient_clip_val=cfg.grad_clip, accumulate_grad_batches=cfg.accumulate,
+        val_check_interval=cfg.val_every_steps * cfg.accumulate, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, logger=loggers or False,
+        callbacks=[ModelCheckpoint(dirpath=snapshot_dir, every_n_train_steps=cfg.snapshot_every_steps,
+                                   save_last=True, save_top_k=0),
+                   *([LearningRateMonitor("step")] if loggers else [])],
+        enable_progress_bar=progress.enabled(), enable_model_summary=False,
+        deterministic=cfg.deterministic, plugins=[AtomicCheckpointIO()],
+    )
+
+
+def run_stats(trainer, module: PretrainModule, encoder: torch.nn.Module, cfg: PretrainConfig,
+              checkpoint: CheckpointInfo, fresh: list[str]) -> dict:
+    """What the run reached. Only what the inputs determine goes into the outputs (the encoder's
+    bertflow.json and the DVC metrics file): a rerun on the same inputs writes the same bytes.
+    What this execution was like (wall minutes, a resume) goes to MLflow alone, as "this_run"."""
     history = module.history
     final = history[-1] if history else {}
-    encoder = getattr(module.model, "disc", module.model)  # ELECTRA: the discriminator, not the generator
     stopped_by = "max_steps" if trainer.global_step >= cfg.max_steps else "max_minutes"
     if stopped_by == "max_minutes":
         log.warning("pretrain: GUARD FIRED: pretrain.max_minutes (%s) stopped training at step %d "
                     "of %d; this encoder depends on the machine's speed and is not a reference",
                     cfg.max_minutes, trainer.global_step, cfg.max_steps)
-    # Only what the inputs determine goes into the outputs (the encoder's bertflow.json and the
-    # DVC metrics file): a rerun on the same inputs writes the same bytes. What this execution
-    # was like (wall minutes, a resume) goes to MLflow alone, under "this_run".
     stats = {
         "steps": trainer.global_step, "max_steps": cfg.max_steps, "stopped_by": stopped_by,
         "tokens": module.tokens_seen, "parameters": sum(p.numel() for p in encoder.parameters()),
@@ -224,13 +262,7 @@ def pretrain(model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokenizer
             stats.update({f"start_{k.split('/')[1]}": v for k, v in history[0].items() if "/" in k})
     if module.ddp_overlap is not None:
         stats["ddp_first_batch_overlap"] = module.ddp_overlap
-    stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
-    # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
-    write_encoder(encoder, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
-                                            stats, history), tokenizer_dir, out_dir)
-    remove_owned(snapshot_dir)  # the export is the product; snapshots were for resuming
-    this_run = {"minutes": minutes, "resumed": int(resume is not None)}
-    return {**stats, "history": history, "this_run": this_run}
+    return stats
 
 
 def _devices(devices: str) -> int | str:

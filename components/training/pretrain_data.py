@@ -185,8 +185,8 @@ def masking_spec(cfg: PretrainConfig, tokenizer_dir: Path, pairs_dir: Path | Non
                                                        .astype(np.int64)), minlength=V).double()
     return MaskingSpec(
         vocab_size=V, mask_id=vocab[MASK], special_ids=[vocab[t] for t in SPECIAL_TOKENS],
-        continuation=continuation, probability=cfg.mlm_probability,
-        max_predictions=cfg.max_predictions_per_seq, unit=cfg.masking, unigram=unigram)
+        continuation=continuation, mlm_probability=cfg.mlm_probability,
+        max_predictions_per_seq=cfg.max_predictions_per_seq, masking=cfg.masking, unigram=unigram)
 
 
 def most_frequent_baseline(pairs_dir: Path, masker: Masker, cfg: PretrainConfig) -> float:

@@ -1,5 +1,5 @@
-"""Pretraining in Lightning: the module (MLM or RTD + NSP (+ SBO) steps, held-out evaluation, AdamW
-with warmup and decay) and the data module that streams the pairs shards.
+"""Pretraining in Lightning: the module (MLM or RTD + NSP (+ SBO) steps, held-out evaluation, the
+optimizer it is given with warmup and decay) and the data module that streams the pairs shards.
 
 Everything about a step is a pure function of (seed, rank, step): its batch (pretrain_data.py)
 and its dropout masks (reseeded here at every step), so a run resumed from a snapshot follows
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import lightning as L
@@ -20,7 +21,7 @@ from components.core.config import PretrainConfig
 from components.core.seeds import mix
 from components.model.masking import Masker
 from components.model.pretraining import BertForPretraining
-from components.training.common import adamw, optimizer_config
+from components.training.common import optimizer_config
 from components.training.pretrain_data import PairBatches
 
 
@@ -28,9 +29,11 @@ class PretrainModule(L.LightningModule):
     """MLM + NSP (+ SBO) training step, held-out evaluation, AdamW with warmup/decay; with a
     checkpoint's model whose heads `fresh` are new, the encoder can wait while they warm up."""
 
-    def __init__(self, model: BertForPretraining, cfg: PretrainConfig, fresh: tuple[str, ...] = ()):
+    def __init__(self, model: BertForPretraining, cfg: PretrainConfig,
+                 optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
+                 fresh: tuple[str, ...] = ()):
         super().__init__()
-        self.model, self.cfg, self.fresh = model, cfg, fresh
+        self.model, self.cfg, self.make_optimizer, self.fresh = model, cfg, optimizer, fresh
         self._val: dict[str, float] = {}
         self._tick: tuple[float, int] | None = None
         self.tokens_seen = 0
@@ -132,9 +135,8 @@ class PretrainModule(L.LightningModule):
             self.train()
 
     def configure_optimizers(self):
-        cfg = self.cfg
-        optimizer = adamw(self.model.parameters(), cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), eps=1e-6)
-        return optimizer_config(optimizer, cfg.warmup_steps, cfg.max_steps)
+        return optimizer_config(self.make_optimizer(self.model.parameters()), self.cfg.warmup_steps,
+                                self.cfg.max_steps)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["bertflow"] = {"history": self.history, "tokens_seen": self.tokens_seen}

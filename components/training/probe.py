@@ -14,7 +14,6 @@ between seeds (`mean_std`) to count.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 from components.core.config import FinetuneConfig, TaskConfig
@@ -34,7 +33,7 @@ def probe(encoder_dir: Path, tasks: dict[str, TaskConfig], cfg: FinetuneConfig, 
         raise ConfigError(f"probe: finetune.tasks lacks {', '.join(missing)}; the probe uses the "
                           f"built-in tasks {', '.join(PROBE)}")
     seeds = list(dict.fromkeys(seeds or [1]))  # a repeated seed would repeat its fit
-    one = replace(cfg, seeds=seeds, lr_grid=[])
+    one = cfg.model_copy(update={"seeds": seeds, "lr_grid": []})
     scores: dict = {"seeds": seeds}
     for name, examples in PROBE.items():
         fits = probe_fits(name, tasks[name], one, Path(tasks_dir) / name, encoder_dir,

@@ -18,7 +18,6 @@ from components.data.tasks.folder import SPLIT_NAMES
 from components.data.text import decode_bytes
 
 log = logging.getLogger(__name__)
-KINDS = ("classification", "pair", "token", "span")
 ROLES = {
     "classification": ("text", "label"),
     "pair": ("text_a", "text_b", "label"),

@@ -2,7 +2,7 @@
 `dvc repro` calls), would race on the same outputs, dvc.lock and DVC cache.
 
 An advisory lock (flock) on a file in .dvc/tmp, held by the command and by its watchdog
-(pipeline.watchdog): if the command is killed (SIGKILL included), the watchdog ends every
+(pipeline.ops.watchdog): if the command is killed (SIGKILL included), the watchdog ends every
 process the command started (stage subprocesses, fine-tuning workers, Prefect's temporary
 server) and only then lets the lock go, so a rerun never starts beside an orphaned one. The
 kernel releases a flock when its last holder exits, so nothing ever leaves the project locked.
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from components.core.errors import BertflowError
-from pipeline import watchdog
+from pipeline.ops import watchdog
 
 HOLDER_ENV = "BERTFLOW_LOCK_HOLDER"  # "PID:ROOT" of the process holding ROOT's lock
 CLEANUP_WAIT_SECONDS = 60.0  # how long a new command waits for that clean-up, --wait or not

@@ -20,7 +20,7 @@ PREFECT_HINT = ("Prefect UI: `bertflow server start` (the project's server, on h
 def mlflow_ui_command(params: Path, host: str, port: int) -> list[str]:
     """The `mlflow server` command line for the project's tracking store and artifacts."""
     from components.core import tracking
-    from components.core.config import load_params
+    from components.core.params import load_params
 
     params = Path(params).resolve()
     cfg = load_params(params).tracking

@@ -1,6 +1,6 @@
 """A request-body limit for REST serving: MLflow's scoring server reads a whole request body
 into memory before the model sees any of it, so the limit sits in front of it, as ASGI
-middleware (`bertflow serve-model`, components/lifecycle/scoring_app.py)."""
+middleware (`bertflow serve-model`, pipeline/ops/scoring_app.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import os
 
 from mlflow.pyfunc import scoring_server
 
-from components.lifecycle.body_limit import MAX_BODY_ENV, BodyLimit
+from pipeline.ops.body_limit import MAX_BODY_ENV, BodyLimit
 
 app = BodyLimit(scoring_server.init(scoring_server.load_model_with_mlflow_config(
     os.environ[scoring_server._SERVER_MODEL_PATH])), int(os.environ[MAX_BODY_ENV]))

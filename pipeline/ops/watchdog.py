@@ -3,7 +3,7 @@
 releasing the lock it shares. Killing `bertflow run` by its pid alone thus stops its pretraining
 child, fine-tuning workers and Prefect server too, and no rerun starts beside them.
 
-It runs as `python -m pipeline.watchdog PID PIPE_FD LOCK_FD` in a session of its own (Ctrl-C
+It runs as `python -m pipeline.ops.watchdog PID PIPE_FD LOCK_FD` in a session of its own (Ctrl-C
 and a kill of the command's process group leave it to do its job). It learns that the command
 died from its pipe: the command's end closes without the word "done". Until then it notes the
 command's descendants every POLL_SECONDS: once the command is dead they are orphans, no longer
@@ -32,7 +32,7 @@ def guard(lock_fd: int) -> Iterator[None]:
     """Run a watchdog over this process and its descendants while the body runs; it shares
     `lock_fd`, so the lock holds until the watchdog has ended whatever a killed run left."""
     read, write = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.watchdog", str(os.getpid()), str(read),
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.ops.watchdog", str(os.getpid()), str(read),
                              str(lock_fd)], pass_fds=(read, lock_fd), stdin=subprocess.DEVNULL,
                             start_new_session=True)
     os.close(read)

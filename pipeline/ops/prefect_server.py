@@ -156,7 +156,7 @@ def serving_api(root: Path, port: int = DEFAULT_PORT,
                 say: Callable[[str], None] = print) -> Iterator[str]:
     """The Prefect API for `bertflow serve`: the configured one; else the project's server,
     reused if it runs, else started here and stopped (with its process group) on exit."""
-    from pipeline.ui import stop_group
+    from pipeline.ops.ui import stop_group
 
     configured = check_configured_api()
     if configured:
@@ -199,7 +199,7 @@ def _spawn(root: Path, port: int, owner: int | None,
     try:
         _wait_healthy(server, proc, log)
     except BaseException:
-        from pipeline.ui import stop_group
+        from pipeline.ops.ui import stop_group
 
         stop_group(proc)
         (folder / "server.json").unlink(missing_ok=True)

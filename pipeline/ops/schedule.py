@@ -1,10 +1,9 @@
-"""Scheduled pipeline runs: `bertflow serve` serves a Prefect deployment of `scheduled_flow`
-with the cron schedule of params.yaml (`schedule`).
+"""Scheduled pipeline runs: `bertflow serve` serves a Prefect deployment of a flow (the CLI
+hands it pipeline.flow's `scheduled_flow`) with the cron schedule of params.yaml (`schedule`).
 
-Each run: `dvc pull` (when a default remote is set) -> the pipeline flow (DVC reruns only stale
-stages, then new models challenge their champions) -> `dvc push`. A run in which nothing changed
-skips every stage and registers nothing. With PREFECT_API_URL the deployment lives on that
-Prefect server; without it on the project's own (pipeline.prefect_server), which `bertflow serve`
+What a scheduled run does is the flow's business (pipeline/flow.py); here: the deployment, the
+server it lives on, and ending its runs with the command. With PREFECT_API_URL the deployment lives on that
+Prefect server; without it on the project's own (pipeline.ops.prefect_server), which `bertflow serve`
 starts unless `bertflow server start` already did: Prefect's temporary server never schedules.
 """
 
@@ -15,43 +14,22 @@ import signal
 import warnings
 from pathlib import Path
 
-from prefect import flow, get_run_logger
+from prefect import Flow
 
-from components.core.config import load_params
-from pipeline import prefect_server, versioning
-from pipeline.flow import pipeline_flow
-from pipeline.stages import plan
+from components.core.params import load_params
+from pipeline.ops import prefect_server
 
 
-@flow(name="bertflow-scheduled")
-def scheduled_flow(params_path: str = "params.yaml", until: str | None = None) -> dict:
-    """Pull the data, run what is stale (up to stage `until`), update the registry, push."""
-    logger = get_run_logger()
-    root = Path(params_path).resolve().parent
-    remote = versioning.is_dvc_project(root) and versioning.has_remote(root)
-    if remote:
-        try:
-            versioning.pull(root)
-        except Exception as e:  # noqa: BLE001 - the stages recompute what the remote lacks
-            logger.warning("dvc pull: %s; stages whose outputs are missing will run", e)
-    results = pipeline_flow(params_path, until, wait=True)  # after a run started by hand, if any
-    pushed = versioning.push(root) if remote else 0
-    logger.info("dvc push: %s files", pushed)
-    registry = results.get("registry", {}).get("stats", {})
-    return {"ran": [n for n, r in results.items() if r["status"] == "ran" and n != "registry"],
-            "registered": registry.get("registered", 0), "pushed": pushed}
-
-
-def serve(params_path: Path, until: str | None = None, port: int = prefect_server.DEFAULT_PORT) -> None:
-    """Serve the deployment until Ctrl-C or SIGTERM, on the configured Prefect API or the
-    project's own server (started on `port` or a free one if none runs, and stopped on exit)."""
+def serve(scheduled: Flow, params_path: Path, until: str | None = None,
+          port: int = prefect_server.DEFAULT_PORT) -> None:
+    """Serve the flow `scheduled` as the deployment of params' schedule until Ctrl-C or SIGTERM,
+    on the configured Prefect API or the project's own server (started on `port` or a free one
+    if none runs, and stopped on exit)."""
     from prefect.schedules import Cron
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     params_path = Path(params_path).resolve()
-    p = load_params(params_path)
-    plan(p, until)  # a bad stage fails now, not at the first scheduled run
-    s = p.schedule
+    s = load_params(params_path).schedule
     # SIGINT too: started in the background of a script, serve inherits SIGINT ignored, and
     # `kill -INT` must still stop it. The runner sets its own SIGTERM handler once it starts.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -63,7 +41,7 @@ def serve(params_path: Path, until: str | None = None, port: int = prefect_serve
               temporary_settings({PREFECT_API_URL: api_url})):
             try:
                 # One run at a time: another would only wait for the project's run lock.
-                scheduled_flow.serve(name=s.deployment, schedule=Cron(s.cron, timezone=s.timezone),
+                scheduled.serve(name=s.deployment, schedule=Cron(s.cron, timezone=s.timezone),
                                      parameters={"params_path": str(params_path), "until": until},
                                      limit=1)
             finally:
@@ -89,7 +67,7 @@ def _end_flow_runs(grace_seconds: float = 30.0) -> None:
 
     import psutil
 
-    from pipeline.watchdog import end
+    from pipeline.ops.watchdog import end
 
     runs = multiprocessing.active_children()  # the runner starts each flow run as one
     # All of each run, as Ctrl-C reaches the whole job: a stage's process too. Prefect's handler
