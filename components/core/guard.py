@@ -18,12 +18,10 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
+from components.core.config import Params
 from components.core.errors import ConfigError
-
-Params = Any  # components.core.config.Params, which imports this module (config sits above it)
 
 OWNED = ".bertflow-owned"
 _OWNED_TEXT = "bertflow made this folder; it replaces or removes a folder only while this file is in it.\n"
