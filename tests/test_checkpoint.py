@@ -229,4 +229,4 @@ def test_the_pipeline_continues_a_checkpoint_and_fine_tunes_every_arm(stages_dir
     _corpus_checkpoint(repo / "data" / "user" / "ckpt", stages_dir / "tokenizer", seed=1)
     run_cli("dvc", "add", "data/user/ckpt", cwd=repo)
     stale = json.loads(run_cli("dvc", "status", "--json", cwd=repo).stdout)
-    assert {"changed deps": {"data/user": "modified"}} in stale["checkpoint"]
+    assert {"changed deps": {"data/user/ckpt": "modified"}} in stale["checkpoint"]  # its folder alone

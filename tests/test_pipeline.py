@@ -300,6 +300,22 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     assert finetune.data.tags["dvc.dep.data/tasks/reviews"] == _lock_out(repo, "task_data@reviews")
     assert "model" in {a.path for a in client.list_artifacts(finetune.info.run_id)}
 
+    # One more task of yours, from its file to a champion in one command, the others untouched:
+    # `bertflow run` writes the new file into dvc.yaml as the dep of that task's stages alone.
+    shutil.copy(repo / "data" / "user" / "tasks" / "reviews.csv", repo / "data" / "user" / "more.csv")
+    data["finetune"]["tasks"]["more"] = {"kind": "classification", "source": "data/user/more.csv",
+                                         "columns": {"text": "review", "label": "verdict"}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = run_cli("bertflow", "run", "--task", "more", cwd=repo)
+    ran = [line.split()[0] for line in proc.stdout.splitlines() if line.split()[1:2] == ["ran"]]
+    assert ran == ["task_data@more", "adapt@more", "finetune@more", "evaluate@more", "registry"]
+    assert "dvc.yaml: each stage's sources and params brought up to date" in proc.stderr
+    assert yaml.safe_load((repo / "dvc.yaml").read_text())["vars"][0]["task_sources"]["more"] == \
+        "data/user/more.csv"
+    answer = json.loads(run_cli("bertflow", "predict", "more", "--text", "the film was great",
+                                cwd=repo).stdout)
+    assert answer["label"] in ("pos", "neg")
+
 
 def test_the_run_summary_warns_when_a_time_guard_cut_pretraining_short():
     from pipeline.flow import summary_markdown

@@ -104,9 +104,9 @@ def test_mlflows_own_view_run_lines_come_out_without_the_password(tmp_path):
                      "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"],
                     tmp_path, _env(), f"http://127.0.0.1:{port}/health", tmp_path / "server.log")
     try:
-        params = write_params(tmp_path / "project", {"tracking": {
-            "uri": f"http://alice:{SECRET}@127.0.0.1:{port}"}, "ingest": {"sources": [
-                {"name": "mine", "kind": "txt_dir", "path": "corpus"}]}})
+        params = write_params(tmp_path / "project", small_params(tracking={
+            "uri": f"http://alice:{SECRET}@127.0.0.1:{port}"}, ingest={"sources": [
+                {"name": "mine", "kind": "txt_dir", "path": "corpus"}]}))
         (tmp_path / "project" / "corpus").mkdir()
         (tmp_path / "project" / "corpus" / "a.txt").write_text("One sentence here. And another one.\n")
         proc = run_cli("bertflow", "stage", "ingest", "-p", str(params), cwd=tmp_path / "project",
