@@ -35,7 +35,7 @@ PYTEST_PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 test: install  ## the test suite: real Prefect, DVC, MLflow, GX and Lightning (what CI runs)
 	pytest $(PYTEST_PARALLEL) --durations=25
 
-test-fast: install  ## the fast loop while editing: every test not marked slow (~2 min)
+test-fast: install  ## the fast loop while editing: every test not marked slow (< 3 min)
 	pytest $(PYTEST_PARALLEL) -m "not slow"
 
 lint: install

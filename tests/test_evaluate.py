@@ -18,7 +18,7 @@ from components.evaluation.metrics import (
     tag_metrics,
     word_accuracy,
 )
-from components.evaluation.plots import write_confusion, write_curves, write_per_class
+from components.evaluation.plots import count_colour, write_confusion, write_curves, write_per_class
 from components.evaluation.tables import (
     arm_lr,
     arm_steps,
@@ -352,6 +352,17 @@ def test_write_confusion(tmp_path):
         (a, p): CONFUSION[i][j] for i, a in enumerate(LABELS) for j, p in enumerate(LABELS)}
     assert _is_png(tmp_path / "confusion.png")
     assert _no_temp_files(tmp_path)
+
+
+def test_confusion_counts_are_readable_on_every_cell():
+    # The colour scale runs from the matrix's minimum: with counts 90..100 the lowest cell is
+    # near-white, where a rule on the counts (white above half the maximum) drew white text.
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
+    blues, norm = colormaps["Blues"], Normalize(90, 100)
+    assert count_colour(blues(norm(90))) == "black" and count_colour(blues(norm(100))) == "white"
+    assert count_colour((1.0, 1.0, 1.0, 1.0)) == "black" and count_colour((0.0, 0.0, 0.3, 1.0)) == "white"
 
 
 def test_write_per_class(tmp_path):

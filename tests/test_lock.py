@@ -47,6 +47,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_lock(dvc_project):
         assert not (dvc_project / "data" / "raw").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_a_killed_holder_releases_the_lock_and_a_waiting_run_goes_on(tmp_path):
     locker = _holder(tmp_path)
     assert holder(tmp_path) == (str(locker.pid), "bertflow run")
@@ -85,6 +86,7 @@ def test_two_runs_at_once_one_refused_one_waiting_and_nothing_corrupts(dvc_proje
     assert json.loads(status) == {}
 
 
+@pytest.mark.slow
 def test_a_stage_is_refused_beside_a_run_and_runs_under_the_lock_of_its_caller(dvc_project, tmp_path):
     # `dvc repro` beside a run: its `bertflow stage` is refused in one line, nothing written.
     locker = _holder(dvc_project)
@@ -221,6 +223,7 @@ def test_a_killed_run_ends_its_pretraining_child_and_prefect_server(dvc_project,
     assert status()["flow"] == "KILLED" and "RUNNING" not in status().values(), status()  # ... until the next
 
 
+@pytest.mark.slow
 def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusing(tmp_path):
     import psutil
 

@@ -22,6 +22,7 @@ TASKS = {
 }
 
 
+@pytest.mark.slow
 def test_the_probe_scores_validation_only_and_keeps_nothing(tiny_encoder, tmp_path):
     _user_files(tmp_path / "user")
     for name, task in TASKS.items():

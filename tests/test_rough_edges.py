@@ -402,6 +402,7 @@ def full_cache(tmp_path) -> Path:
     subprocess.run(["umount", "-l", str(tiny)], check=True)
 
 
+@pytest.mark.slow
 def test_a_cache_copy_that_fails_fails_the_stage_and_records_nothing(dvc_project, full_cache):
     from components.core.errors import BertflowError
     from pipeline import versioning

@@ -53,13 +53,20 @@ def write_confusion(metrics: dict, png: Path, csv: Path) -> None:
     ax.set_yticks(range(len(labels)), labels)
     ax.set(xlabel="predicted", ylabel="actual")
     for i in range(len(labels)):
-        for j in range(len(labels)):  # the count in white on a dark cell, black on a light one
-            red, green, blue, _ = image.cmap(image.norm(matrix[i, j]))
-            dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
-            ax.text(j, i, str(matrix[i, j]), ha="center", va="center", color="white" if dark else "black")
+        for j in range(len(labels)):
+            ax.text(j, i, str(matrix[i, j]), ha="center", va="center",
+                    color=count_colour(image.cmap(image.norm(matrix[i, j]))))
     fig.tight_layout()
     _save(fig, png)
     plt.close(fig)
+
+
+def count_colour(cell: tuple[float, float, float, float]) -> str:
+    """The colour of a count drawn on a cell of RGBA colour `cell`: white on a dark cell, black
+    on a light one, by the cell's luminance (the colour scale runs from the matrix's minimum, so
+    a rule on the counts themselves put white on near-white cells)."""
+    red, green, blue, _ = cell
+    return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.5 else "black"
 
 
 def write_per_class(per_class: dict, png: Path, csv: Path) -> None:
