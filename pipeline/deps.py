@@ -165,12 +165,14 @@ def rewrite(text: str, deps: dict[str, list[str]], params: dict[str, list[str]],
 def write(params_path: Path = ROOT / "params.yaml", dvc_yaml: Path = DVC_YAML) -> bool:
     """Rewrite dvc.yaml's generated parts from the stage table, the imports and params_path;
     True if it changed."""
+    from components.core.io import atomic_file
     from components.core.params import load_params
 
     text = dvc_yaml.read_text()
     new = rewrite(text, *generated(load_params(params_path)))
     if new != text:
-        dvc_yaml.write_text(new)
+        with atomic_file(dvc_yaml) as tmp:
+            tmp.write_text(new)
     return new != text
 
 
