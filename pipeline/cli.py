@@ -31,7 +31,6 @@ def run(
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.tracking import check_store
-    from pipeline import deps, versioning
     from pipeline.ops.prefect_server import check_configured_api
     from pipeline.stages import check_outputs_owned, plan
 
@@ -44,9 +43,6 @@ def run(
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     check_configured_api()
-    if versioning.tracks(params) and deps.write(params, params.resolve().parent / "dvc.yaml"):
-        typer.echo("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
-                   "(commit it with dvc.lock)", err=True)
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until, wait)

@@ -9,7 +9,7 @@
 - Params lists: the keys each stage reads, from the stage table (pipeline/stages.py).
 
     python -m pipeline.deps           print them
-    python -m pipeline.deps --write   rewrite them in dvc.yaml (`bertflow run` does it too)
+    python -m pipeline.deps --write   rewrite them in dvc.yaml (every pipeline run does it first)
 
 tests/test_layers.py fails when dvc.yaml is not what this writes.
 """

@@ -23,7 +23,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
-from pipeline import versioning
+from pipeline import deps, versioning
 from pipeline.ops.redaction import masks_errors
 from pipeline.stages import (
     PARENT_RUN_ENV,
@@ -250,6 +250,9 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     if tracked and versioning.recover_rwlock(root):
         logger.warning("DVC's stage-lock table (.dvc/tmp/rwlock) was cut short by a killed run; "
                        "removed it (DVC starts a new one)")
+    if tracked and deps.write(path, root / "dvc.yaml"):  # a task or a source added or moved
+        logger.warning("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
+                       "(commit it with dvc.lock)")
     if not tracked:
         logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
                        "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)
