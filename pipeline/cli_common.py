@@ -52,7 +52,8 @@ def check_checkout(root: Path) -> None:
 
     hint = 'in Docker, run as the checkout\'s owner: docker run --user "$(id -u):$(id -g)" ...'
     code = Path(__file__).resolve().parents[1]  # the checkout whose code this process runs
-    if (root / "pipeline" / "cli_common.py").is_file() and _sources(code) != _sources(root.resolve()):
+    if (code != root.resolve() and (root / "pipeline" / "cli_common.py").is_file()
+            and _sources(code) != _sources(root.resolve())):
         raise BertflowError(f"{root} is a checkout of bertflow, but this command runs the code of "
                             f"{code} (a copied .venv keeps the original's paths): run `make install` "
                             f"in {root}, or use {code}'s own commands there")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
 
 
-def _model_in(hint: Any) -> type[BaseModel] | None:
+def section_in(hint: Any) -> type[BaseModel] | None:
     """The schema class a field holds, itself or as the items of a list or a mapping."""
     for tp in (hint, *typing.get_args(hint)):
         if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -47,7 +47,7 @@ def _rows(cls: type[BaseModel], key: str, values: Any, nested: list) -> list[str
     rows = []
     for name, f in cls.model_fields.items():
         full = f"{key}.{name}"
-        inner = _model_in(f.annotation)
+        inner = section_in(f.annotation)
         if inner is not None:
             origin = typing.get_origin(f.annotation)
             item = "[]" if origin is list else ".<name>" if origin is dict else ""
@@ -63,7 +63,7 @@ def reference_markdown() -> str:
     """A table per section of params.yaml (its values), then one per list or mapping entry (the
     defaults of its optional keys)."""
     params = load_params(ROOT / "params.yaml")
-    queue = [(_model_in(f.annotation), name, getattr(params, name)) for name,
+    queue = [(section_in(f.annotation), name, getattr(params, name)) for name,
              f in Params.model_fields.items()]
     out = []
     while queue:

@@ -49,18 +49,13 @@ SMALL = {
 }
 
 
-def merge(base: dict, override: dict) -> dict:
-    """Deep-merge `override` into a copy of `base`."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and key in out else value
-    return out
-
 
 def small_params(**sections: dict) -> dict:
     """params.yaml of the project with the small-corpus settings and `sections` merged in."""
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
-    return merge(merge(base, SMALL), sections)
+    from components.core.params import merge
+
+    return copy.deepcopy(merge(merge(base, SMALL), sections))  # nothing shared with SMALL
 
 
 @functools.cache

@@ -4,7 +4,6 @@ give clear errors naming the file and the key."""
 from __future__ import annotations
 
 import re
-import typing
 
 import pytest
 import yaml
@@ -18,15 +17,13 @@ from tests.conftest import ROOT, write_params
 
 
 def _sections(model=None):
-    """Every class of the schema reachable from Params, with the key path it sits under."""
-    from pydantic import BaseModel
+    """Every class of the schema reachable from Params, with the key it sits under."""
+    from pipeline.reference import section_in
 
-    model = model or Params
-    for name, f in model.model_fields.items():
-        for tp in (f.annotation, *typing.get_args(f.annotation)):
-            if isinstance(tp, type) and issubclass(tp, BaseModel):
-                yield name, tp
-                yield from _sections(tp)
+    for name, f in (model or Params).model_fields.items():
+        if (inner := section_in(f.annotation)) is not None:
+            yield name, inner
+            yield from _sections(inner)
 
 
 def test_no_section_key_has_a_default_in_code():
