@@ -94,6 +94,7 @@ def test_unknown_key_is_named(tmp_path):
     ("tokenizer.kind", "sentencepiece", "tokenizer.kind: expected one of 'wordpiece' or 'bpe', got str"),
     ("clean.lowercase", "yes", "clean.lowercase: expected true or false"),
     ("ingest.sources", {"name": "x"}, "ingest.sources: expected a list"),
+    ("model.arch", "retro", "model.arch: expected one of 'classic' or 'modern', got str"),
 ])
 def test_wrong_type_is_named(tmp_path, key, value, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -109,7 +110,7 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("tokenizer.vocab_size", 10, "tokenizer.vocab_size: must be at least 64"),
     ("pairs.max_seq_len", 6, "pairs.max_seq_len: must be at least 8"),
     ("pairs.max_seq_len", 1024, "pairs.max_seq_len: must not exceed model.max_position (512)"),
-    ("model.preset", "huge", "model.preset: must be one of ['base', 'mini', 'tiny']"),
+    ("model.preset", "huge", "model.preset: must be one of ['base', 'mini', 'modern-base', 'tiny']"),
     ("pretrain.warmup_steps", 10**9, "pretrain.warmup_steps: must be between 0 and pretrain.max_steps"),
     ("pretrain.head_warmup_steps", 10, "pretrain.head_warmup_steps: needs pretrain.init_from"),
     ("finetune.init", ["scratch"], "finetune.init: must include pretrained"),
@@ -118,6 +119,10 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
                                                     "pretrain.init_from"),
     ("adapt.steps", 0, "adapt.steps: must be at least 1"),
     ("adapt.max_seq_len", 4, "adapt.max_seq_len: must be at least 8"),
+    ("model.local_window", 127, "model.local_window: must be even"),
+    ("model.global_every", 0, "model.global_every: must be at least 1"),
+    ("model.rope_base_local", 0, "model.rope_base_local: must be positive"),
+    ("model.rope_base_global", -1.0, "model.rope_base_global: must be positive"),
     ("pretrain.generator_fraction", 0, "pretrain.generator_fraction: must be in (0, 1]"),
     ("pretrain.beta1", 1.5, "pretrain.beta1: must be in [0, 1)"),
     ("pretrain.val_every_steps", 0, "pretrain.val_every_steps: must be at least 1"),
@@ -271,3 +276,16 @@ def test_the_configuration_reference_is_current():
     for key in ("finetune.tasks.<name>.kind", "model.presets.<name>.layers",
                 "ingest.sources[].path", "clean.replacements[].pattern"):
         assert f"| `{key}` |" in reference, key
+
+
+def test_modern_needs_even_heads_and_mlm(tmp_path):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["model"].update(arch="modern", preset="odd", presets={"odd": {"layers": 1, "hidden": 66, "heads": 2,
+                                                                        "intermediate": 8}})
+    with pytest.raises(ConfigError, match=re.escape("model.arch: modern rotates pairs of dimensions")):
+        load_params(write_params(tmp_path, data))
+    data["model"]["preset"] = "tiny"
+    data["model"]["presets"]["tiny"] = {"layers": 1, "hidden": 64, "heads": 2, "intermediate": 8}
+    data["pretrain"]["objective"] = "electra"
+    with pytest.raises(ConfigError, match=re.escape("pretrain.objective: electra needs model.arch classic")):
+        load_params(write_params(tmp_path, data))

@@ -54,6 +54,7 @@ Number = Annotated[float, BeforeValidator(lambda v: float(v) if EXPONENT.fullmat
 Text = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float) else v)]
 Count = Annotated[int, rule(lambda v: v >= 0, "must be 0 or more")]
 AtLeast1 = Annotated[int, rule(lambda v: v >= 1, "must be at least 1")]
+AtLeast2 = Annotated[int, rule(lambda v: v >= 2, "must be at least 2")]
 AtLeast8 = Annotated[int, rule(lambda v: v >= 8, "must be at least 8")]
 PerCore = Annotated[int, rule(lambda v: v >= 0, "must be 0 (one per core) or more")]
 Rate = Annotated[Number, rule(lambda v: v > 0, "must be positive")]
@@ -174,16 +175,26 @@ class ModelSize(Section):
         need(self.hidden % self.heads == 0, "heads", f"must divide hidden ({self.hidden})")
 
 class ModelConfig(Section):
-    """The BERT encoder (built by one factory for pretraining and fine-tuning)."""
+    """The encoder (built by one factory for pretraining and fine-tuning)."""
+    arch: Literal["classic", "modern"] = doc("classic: BERT's block; modern: ModernBERT's (pre-norm, GeGLU, RoPE, local/global).")
     preset: str = doc("Key of `presets` to use.")
-    presets: dict[str, ModelSize] = doc("Named sizes: tiny (tests), mini (40 CPU-minutes), base (BERT-base).")
-    max_position: AtLeast8 = doc("Learned absolute positions.")
+    presets: dict[str, ModelSize] = doc("Named sizes: tiny (tests), mini (40 CPU-minutes), base (BERT-base), modern-base.")
+    max_position: AtLeast8 = doc("Longest sequence: learned positions (classic), RoPE's reach (modern).")
     dropout: Below1 = doc("Dropout on embeddings, attention probabilities and block outputs.")
-    norm: Literal["post", "pre"] = doc("LayerNorm placement: post (BERT) or pre.")
+    norm: Literal["post", "pre"] = doc("classic: LayerNorm placement, post (BERT) or pre (modern is always pre).")
+    local_window: AtLeast2 = doc("modern: a local layer's window; each token sees +-local_window/2 (ModernBERT: 128).")
+    global_every: AtLeast1 = doc("modern: layers 0, n, 2n ... attend globally, the rest locally (ModernBERT: 3).")
+    rope_base_global: Rate = doc("modern: RoPE base of the global layers (ModernBERT: 160000).")
+    rope_base_local: Rate = doc("modern: RoPE base of the local layers (ModernBERT: 10000).")
 
     @checks
     def _preset(self) -> None:
         need(self.preset in self.presets, "preset", f"must be one of {sorted(self.presets)}")
+        need(self.local_window % 2 == 0, "local_window", "must be even (half on each side of a token)")
+        size = self.presets[self.preset]
+        need(self.arch == "classic" or (size.hidden // size.heads) % 2 == 0, "arch",
+             f"modern rotates pairs of dimensions: preset {self.preset}'s head size "
+             f"(hidden/heads = {size.hidden // size.heads}) must be even")
 
 class PretrainConfig(Section):
     """Stage `pretrain`: masked LM + NSP with Lightning, from nothing or from a checkpoint."""
@@ -346,3 +357,5 @@ class Params(Section):
                  f"must be between 8 and model.max_position ({limit})")
         need("checkpoint" not in f.init or self.pretrain.init_from, "finetune.init",
              "has checkpoint, which needs pretrain.init_from")
+        need(self.model.arch == "classic" or self.pretrain.objective == "mlm", "pretrain.objective",
+             "electra needs model.arch classic (its generator shares BERT's embeddings)")

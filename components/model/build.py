@@ -10,7 +10,7 @@ from torch import nn
 
 from components.model import heads
 from components.model.config import BertConfig
-from components.model.encoder import Encoder
+from components.model.encoder import make_encoder
 from components.model.pretraining import BertForPretraining
 
 
@@ -28,7 +28,28 @@ def init_weights(module: nn.Module, std: float) -> None:
                     m.weight[m.padding_idx].zero_()
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def init_modern(model: nn.Module, cfg: BertConfig) -> None:
+    """ModernBERT's initialisation: normal(0, std) truncated at 2 std; the layers that write into
+    the residual stream (attention out, feed-forward out) and the heads' dense layers at
+    std / sqrt(2 layers), so the stream's variance does not grow with depth; task classifiers at
+    hidden^-1/2 (transformers' ModernBertPreTrainedModel._init_weights)."""
+    out = cfg.init_std / math.sqrt(2.0 * cfg.layers)
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.Linear, nn.Embedding)) or name == "mlm.decoder":
+            continue
+        std = cfg.init_std
+        if name.endswith(("attn.out", "ff_out", "pooler.dense", "mlm.dense", "head.dense")):
+            std = out
+        elif name == "classifier" or name == "classifier.3":
+            std = cfg.hidden ** -0.5
+        nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+        if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+            with torch.no_grad():
+                m.weight[m.padding_idx].zero_()
 
 
 def sinusoids(positions: int, dim: int) -> torch.Tensor:
@@ -51,7 +72,7 @@ def build_model(cfg: BertConfig, head: str = "pretraining", num_labels: int = 0,
     """
     builders = {
         "pretraining": lambda: BertForPretraining(cfg),
-        "encoder": lambda: Encoder(cfg),
+        "encoder": lambda: make_encoder(cfg),
         "classification": lambda: heads.SequenceClassifier(cfg, num_labels),
         "token": lambda: heads.TokenClassifier(cfg, num_labels, crf),
         "span": lambda: heads.SpanClassifier(cfg, num_labels, max_span_words),
@@ -60,11 +81,13 @@ def build_model(cfg: BertConfig, head: str = "pretraining", num_labels: int = 0,
         raise ValueError(f"unknown head {head!r} (heads: {', '.join(builders)})")
     model = builders[head]()
     init_weights(model, cfg.init_std)
-    if cfg.position_init == "sinusoidal":
+    if cfg.arch == "modern":
+        init_modern(model, cfg)  # rotary positions: position_init does not apply
+    elif cfg.position_init == "sinusoidal":
         # Random positions give near-uniform attention: every token first sees a bag of words.
         # Sinusoids (at the scale of the token embeddings, so they don't drown them) hand
         # attention a distance signal from the first step.
-        encoder = model if isinstance(model, Encoder) else model.encoder
+        encoder = model.encoder if hasattr(model, "encoder") else model
         table = sinusoids(cfg.max_position, cfg.hidden)
         with torch.no_grad():
             encoder.embeddings.position.weight.copy_(table * (cfg.init_std / table.std()))

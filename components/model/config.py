@@ -45,10 +45,24 @@ class BertConfig:
     """Longest span the SBO head's relative position embedding covers."""
     rtd: bool = False
     """Pretrained as ELECTRA's discriminator: a replaced-token detection head, no MLM head."""
+    arch: Literal["classic", "modern"] = "classic"
+    """BERT's block (classic) or ModernBERT's (modern: pre-norm, GeGLU, RoPE, no biases,
+    local/global attention; model/modern.py). Records written before modern existed are classic."""
+    local_window: int = 128
+    """modern: the span of a local layer's attention window (each token sees +-local_window/2)."""
+    global_every: int = 3
+    """modern: layers 0, n, 2n ... attend globally, the others locally."""
+    rope_base_global: float = 160_000.0
+    """modern: RoPE base of the global layers."""
+    rope_base_local: float = 10_000.0
+    """modern: RoPE base of the local layers."""
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.arch == "modern" and (self.hidden // self.heads) % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: the head size hidden/heads = "
+                             f"{self.hidden // self.heads} must be even")
 
 
 def shape_of(cfg: BertConfig) -> dict[str, int]:

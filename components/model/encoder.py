@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.model import modern
 from components.model.config import BertConfig
 
 
@@ -111,3 +112,13 @@ class Pooler(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
+
+
+def make_encoder(cfg: BertConfig) -> nn.Module:
+    """The encoder of `cfg.arch`: BERT's (above) or ModernBERT's (model/modern.py)."""
+    return modern.ModernEncoder(cfg) if cfg.arch == "modern" else Encoder(cfg)
+
+
+def make_pooler(cfg: BertConfig) -> nn.Module:
+    """The [CLS] summary of `cfg.arch`: BERT's tanh layer or ModernBERT's head."""
+    return modern.Pooler(cfg) if cfg.arch == "modern" else Pooler(cfg)

@@ -14,7 +14,7 @@ from components.core.errors import DataError
 from components.core.io import atomic_dir, write_json
 from components.data.tokenizer import PAD, TOKENIZER_FILES, load
 from components.model.config import BertConfig
-from components.model.hf_layout import hf_config, hf_state_dict, load_hf_state_dict
+from components.model.hf_layout import has_hf_layout, hf_config, hf_state_dict, load_hf_state_dict
 from components.model.metadata import INFO_FILE, EncoderInfo, TaskModelInfo, write_info
 from components.model.pretraining import BertForPretraining
 
@@ -52,12 +52,13 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
 
 
 def write_encoder(model: BertForPretraining, info: EncoderInfo, tokenizer_dir: Path, out_dir: Path) -> None:
-    """An encoder folder: safetensors + config.json in transformers' BertForPreTraining layout
-    (post-norm; a pre-norm encoder has no equivalent and keeps our names), tokenizer, record."""
+    """An encoder folder: safetensors + config.json in transformers' layout (BertForPreTraining,
+    or ModernBertForMaskedLM for a modern encoder; a pre-norm BERT has no equivalent and keeps
+    our names), tokenizer, record."""
     from safetensors.torch import save_file
 
     with atomic_dir(out_dir) as tmp:
-        if info.config.norm == "post":
+        if has_hf_layout(info.config):
             save_file(hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
             write_json(tmp / "config.json", hf_config(info.config))
         else:
@@ -74,7 +75,7 @@ def load_pretraining_model(folder: Path, cfg: BertConfig) -> BertForPretraining:
     heads a checkpoint lacks stay as initialised (fine-tuning does not use them)."""
     state = read_weights(Path(folder) / "model.safetensors")
     model = BertForPretraining(cfg)
-    if (Path(folder) / "config.json").exists():  # post-norm: transformers' names
+    if (Path(folder) / "config.json").exists():  # transformers' names
         load_hf_state_dict(model, state)
     else:
         if not cfg.rtd:  # the tied decoder (an ELECTRA discriminator has no MLM head)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from components.model.config import BertConfig
-from components.model.encoder import Encoder, Pooler
+from components.model.encoder import make_encoder, make_pooler
+from components.model.modern import PredictionHead
 
 
 class SequenceClassifier(nn.Module):
@@ -20,8 +21,8 @@ class SequenceClassifier(nn.Module):
 
     def __init__(self, cfg: BertConfig, num_labels: int):
         super().__init__()
-        self.encoder = Encoder(cfg)
-        self.pooler = Pooler(cfg)  # pretrained by NSP: the [CLS] summary BERT classifies from
+        self.encoder = make_encoder(cfg)
+        self.pooler = make_pooler(cfg)  # pretrained by NSP: the [CLS] summary BERT classifies from
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.hidden, num_labels)
 
@@ -82,7 +83,9 @@ class TokenClassifier(nn.Module):
 
     def __init__(self, cfg: BertConfig, num_labels: int, crf: bool = False):
         super().__init__()
-        self.encoder = Encoder(cfg)
+        self.encoder = make_encoder(cfg)
+        # ModernBERT's token head transforms each vector first (ModernBertForTokenClassification).
+        self.head = PredictionHead(cfg) if cfg.arch == "modern" else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.hidden, num_labels)
         self.crf = CRF(num_labels) if crf else None
@@ -90,7 +93,7 @@ class TokenClassifier(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids, token_type_ids, attention_mask)  # (B, T, H)
-        return self.classifier(self.drop(hidden))  # (B, T, C) emissions
+        return self.classifier(self.drop(self.head(hidden)))  # (B, T, C) emissions
 
 
 class SpanClassifier(nn.Module):
@@ -101,7 +104,7 @@ class SpanClassifier(nn.Module):
     def __init__(self, cfg: BertConfig, num_labels: int, max_span_words: int):
         super().__init__()
         H = cfg.hidden
-        self.encoder = Encoder(cfg)
+        self.encoder = make_encoder(cfg)
         self.start = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Dropout(cfg.dropout))
         self.end = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Dropout(cfg.dropout))
         self.attend = nn.Linear(H, 1)  # a score per subword: which ones summarise the span

@@ -1,6 +1,6 @@
 """transformers' BERT layout: config.json, parameter names (q, k and v split where we fuse them),
 and the names of the checkpoints people publish (BertModel, BertForMaskedLM, BertForPreTraining,
-TensorFlow-era LayerNorm gamma/beta)."""
+TensorFlow-era LayerNorm gamma/beta); a modern encoder's are ModernBERT's (model/hf_modern.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,28 @@ import torch
 
 from components.core.errors import DataError
 from components.model.config import BertConfig
+from components.model.hf_modern import (
+    MODEL_TYPE,
+    config_from_hf_modern,
+    hf_modern_config,
+    is_modern_state,
+    modern_names,
+    normalize_modern_names,
+)
 from components.model.pretraining import BertForPretraining
+
+
+def has_hf_layout(cfg: BertConfig) -> bool:
+    """Whether transformers has this encoder: BERT (post-norm) or ModernBERT, not pre-norm BERT."""
+    return cfg.arch == "modern" or cfg.norm == "post"
 
 
 def hf_config(cfg: BertConfig) -> dict:
     """config.json of transformers' BertForPreTraining for this shape; an ELECTRA discriminator
     (no MLM head) is a BertModel to transformers, its RTD head stored under ElectraForPreTraining's
-    names beside it."""
+    names beside it. A modern encoder: ModernBertForMaskedLM's."""
+    if cfg.arch == "modern":
+        return hf_modern_config(cfg)
     return {
         "architectures": ["BertModel" if cfg.rtd else "BertForPreTraining"],
         "model_type": "bert",
@@ -78,7 +93,12 @@ def _qkv(i: int, kind: str) -> tuple[str, list[str]]:
 
 def hf_state_dict(model: BertForPretraining, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Our pretraining weights under transformers' BertForPreTraining names (q/k/v split),
-    without the heads named in `skip` (pooler, mlm, nsp, rtd)."""
+    without the heads named in `skip` (pooler, mlm, nsp, rtd); a modern encoder's under
+    ModernBertForMaskedLM's names (no pooler or NSP head there)."""
+    if model.cfg.arch == "modern":
+        ours = model.state_dict()
+        return {hf: ours[name].detach().contiguous().clone()
+                for name, hf in modern_names(model.cfg).items() if name.split(".")[0] not in skip}
     if model.cfg.norm != "post":
         raise ValueError("only post-norm encoders have a BertForPreTraining equivalent")
     ours = model.state_dict()
@@ -97,6 +117,8 @@ def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]
     sbo is never in transformers' layout) keeps its initialisation: the names of those heads
     are returned, so the caller can say so and train them.
     """
+    if model.cfg.arch == "modern":
+        return _load_modern(model, state)
     names = _hf_names(model.cfg)
     for i in range(model.cfg.layers):
         for kind in ("weight", "bias"):
@@ -120,6 +142,23 @@ def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]
     return fresh + (["sbo"] if model.sbo is not None else [])
 
 
+def _load_modern(model: BertForPretraining, state: dict[str, torch.Tensor]) -> list[str]:
+    """load_hf_state_dict for ModernBertForMaskedLM's names: the pooler and NSP head are never
+    there (fine-tuning starts its heads from the MLM head's transform, as transformers does)."""
+    names = modern_names(model.cfg)
+    missing = [hf for ours, hf in names.items() if ours.startswith("encoder.") and hf not in state]
+    if missing:
+        raise KeyError(f"the encoder is incomplete: no {', '.join(missing[:3])}"
+                       f"{' ...' if len(missing) > 3 else ''}")
+    fresh = sorted({"pooler", "nsp"} | {ours.split(".")[0] for ours, hf in names.items() if hf not in state})
+    new = {ours: state[hf] for ours, hf in names.items() if ours.split(".")[0] not in fresh}
+    if "mlm" not in fresh:
+        new["mlm.decoder.weight"] = new["encoder.embeddings.word.weight"]  # the tied decoder
+    _, unexpected = model.load_state_dict(new, strict=False)
+    assert not unexpected, unexpected
+    return fresh + (["sbo"] if model.sbo is not None else [])
+
+
 def config_from_hf(path: Path) -> BertConfig:
     """Our BertConfig from a transformers config.json; anything our encoder can't be, refused."""
     try:
@@ -128,12 +167,19 @@ def config_from_hf(path: Path) -> BertConfig:
         raise DataError(f"{path}: missing; a checkpoint folder needs config.json") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from None
-    unsupported = {"model_type": ("bert",), "hidden_act": ("gelu",),
+    if hf.get("model_type") == MODEL_TYPE:
+        try:
+            return config_from_hf_modern(hf)
+        except KeyError as e:
+            raise DataError(f"{path}: no {e.args[0]}; not a ModernBERT config") from None
+        except ValueError as e:
+            raise DataError(f"{path}: {e}") from None
+    unsupported = {"model_type": ("bert", MODEL_TYPE), "hidden_act": ("gelu",),
                    "position_embedding_type": ("absolute",)}
     for key, allowed in unsupported.items():
         if hf.get(key, allowed[0]) not in allowed:
-            raise DataError(f"{path}: {key} is {hf[key]!r}; this pipeline's encoder is BERT's "
-                            f"({key}: {allowed[0]})")
+            raise DataError(f"{path}: {key} is {hf[key]!r}; this pipeline reads "
+                            f"{key}: {' or '.join(allowed)}")
     try:
         return BertConfig(
             vocab_size=hf["vocab_size"], hidden=hf["hidden_size"], layers=hf["num_hidden_layers"],
@@ -151,8 +197,10 @@ def normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     """Tensors of BertModel / BertForMaskedLM / BertForPreTraining under BertForPreTraining's names.
 
     Dropped: the position_ids buffer and the decoder weight, which BERT ties to the token
-    embeddings (our MLM head always does).
+    embeddings (our MLM head always does). ModernBERT's tensors: hf_modern's names.
     """
+    if is_modern_state(state):
+        return normalize_modern_names(state)
     out = {}
     for key, value in state.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")

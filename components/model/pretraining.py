@@ -14,16 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.model.config import IGNORE, BertConfig
-from components.model.encoder import Encoder, Pooler
+from components.model.encoder import make_encoder, make_pooler
 
 
 class MLMHead(nn.Module):
-    """dense + GELU + LayerNorm, then the decoder tied to the token embeddings, plus a bias."""
+    """dense + GELU + LayerNorm (without biases in ModernBERT), then the decoder tied to the
+    token embeddings, plus a bias."""
 
     def __init__(self, cfg: BertConfig, embeddings: nn.Embedding):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden, cfg.hidden)
-        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        bias = cfg.arch == "classic"
+        self.dense = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps, bias=bias)
         self.decoder = embeddings  # tied: the (V, H) weight is shared, not copied
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
@@ -74,8 +76,8 @@ class BertForPretraining(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = Encoder(cfg)
-        self.pooler = Pooler(cfg)
+        self.encoder = make_encoder(cfg)
+        self.pooler = make_pooler(cfg)
         self.mlm = None if cfg.rtd else MLMHead(cfg, self.encoder.embeddings.word)
         self.rtd = RTDHead(cfg) if cfg.rtd else None
         self.rtd_weight = 1.0  # ELECTRA's lambda; model/electra.py sets it

@@ -46,11 +46,15 @@ log = logging.getLogger(__name__)
 def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> BertConfig:
     """Our BertConfig from the params' model section, the real vocabulary and the objective."""
     size = model.presets[model.preset]
+    modern = {"layer_norm_eps": 1e-5,  # ModernBERT's norm_eps (BERT's 1e-12 is BertConfig's)
+              "local_window": model.local_window, "global_every": model.global_every,
+              "rope_base_global": model.rope_base_global, "rope_base_local": model.rope_base_local}
     return BertConfig(vocab_size=vocab_size, hidden=size.hidden, layers=size.layers,
                       heads=size.heads, intermediate=size.intermediate,
                       max_position=model.max_position, dropout=cfg.dropout, norm=model.norm,
                       sbo=cfg.masking == "span" and cfg.span_boundary_objective,
-                      position_init=cfg.position_init, rtd=cfg.objective == "electra")
+                      position_init=cfg.position_init, rtd=cfg.objective == "electra",
+                      arch=model.arch, **(modern if model.arch == "modern" else {}))
 
 
 def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,

@@ -1,0 +1,108 @@
+"""transformers' ModernBERT layout (ModernBertForMaskedLM, ModernBertModel): config.json and
+parameter names. The encoder and MLM head map one to one (q, k and v are fused in both); the
+pooler and NSP head of a modern pretraining model have no place there and are not exported.
+hf_layout.py dispatches here for `arch: modern` checkpoints and folders."""
+
+from __future__ import annotations
+
+import torch
+
+from components.model.config import BertConfig
+
+MODEL_TYPE = "modernbert"
+
+
+def hf_modern_config(cfg: BertConfig, architecture: str = "ModernBertForMaskedLM") -> dict:
+    """config.json of transformers' ModernBERT for this shape (the per-layer-type RoPE bases as
+    transformers >= 5 reads them, and the flat keys older versions read)."""
+    layer_types = ["full_attention" if i % cfg.global_every == 0 else "sliding_attention"
+                   for i in range(cfg.layers)]
+    return {
+        "architectures": [architecture],
+        "model_type": MODEL_TYPE,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden,
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": cfg.heads,
+        "intermediate_size": cfg.intermediate,
+        "hidden_activation": "gelu",
+        "max_position_embeddings": cfg.max_position,
+        "initializer_range": cfg.init_std,
+        "norm_eps": cfg.layer_norm_eps,
+        "norm_bias": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "decoder_bias": True,
+        "classifier_bias": False,
+        "classifier_activation": "gelu",
+        "classifier_pooling": "cls",
+        **dict.fromkeys(("attention_dropout", "embedding_dropout", "mlp_dropout",
+                         "classifier_dropout"), cfg.dropout),
+        "pad_token_id": cfg.pad_id,
+        # transformers' defaults are ModernBERT's own vocabulary's ids; the tokenizer says ours.
+        **dict.fromkeys(("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id")),
+        "local_attention": cfg.local_window,
+        "global_attn_every_n_layers": cfg.global_every,
+        "layer_types": layer_types,
+        "global_rope_theta": cfg.rope_base_global,
+        "local_rope_theta": cfg.rope_base_local,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_global},
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_local},
+        },
+        "tie_word_embeddings": True,
+    }
+
+
+def config_from_hf_modern(hf: dict) -> BertConfig:
+    """Our modern BertConfig from a ModernBERT config.json (KeyError for a missing shape key)."""
+    rope = hf.get("rope_parameters") or {}
+    every = hf.get("global_attn_every_n_layers", 3)
+    types = hf.get("layer_types")
+    if types and [t == "full_attention" for t in types] != [i % every == 0 for i in range(len(types))]:
+        raise ValueError("layer_types is not one global layer every global_attn_every_n_layers")
+    return BertConfig(
+        arch="modern", vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
+        layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+        intermediate=hf["intermediate_size"], max_position=hf.get("max_position_embeddings", 8192),
+        dropout=hf.get("mlp_dropout", 0.0), layer_norm_eps=hf.get("norm_eps", 1e-5),
+        init_std=hf.get("initializer_range", 0.02), pad_id=hf.get("pad_token_id") or 0,
+        local_window=hf.get("local_attention", 128), global_every=every,
+        rope_base_global=rope.get("full_attention", {}).get("rope_theta", hf.get("global_rope_theta", 160_000.0)),
+        rope_base_local=rope.get("sliding_attention", {}).get("rope_theta", hf.get("local_rope_theta", 10_000.0)))
+
+
+def modern_names(cfg: BertConfig) -> dict[str, str]:
+    """Our parameter names -> ModernBertForMaskedLM's (encoder and MLM head)."""
+    names = {
+        "encoder.embeddings.word.weight": "model.embeddings.tok_embeddings.weight",
+        "encoder.embeddings.norm.weight": "model.embeddings.norm.weight",
+        "encoder.final_norm.weight": "model.final_norm.weight",
+        "mlm.dense.weight": "head.dense.weight",
+        "mlm.norm.weight": "head.norm.weight",
+        "mlm.bias": "decoder.bias",
+    }
+    block = {"attn_norm": "attn_norm", "attn.qkv": "attn.Wqkv", "attn.out": "attn.Wo",
+             "ff_norm": "mlp_norm", "ff_in": "mlp.Wi", "ff_out": "mlp.Wo"}
+    for i in range(cfg.layers):
+        for ours, hf in block.items():
+            if i or ours != "attn_norm":  # the first block has no attention norm
+                names[f"encoder.blocks.{i}.{ours}.weight"] = f"model.layers.{i}.{hf}.weight"
+    return names
+
+
+def normalize_modern_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors of ModernBertModel / ModernBertForMaskedLM under ModernBertForMaskedLM's names;
+    the decoder weight (tied to the token embeddings) dropped."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith(("embeddings.", "layers.", "final_norm.")):
+            key = "model." + key  # ModernBertModel: no prefix
+        if key != "decoder.weight":
+            out[key] = value
+    return out
+
+
+def is_modern_state(state: dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict holds ModernBERT's tensors."""
+    return any(k.endswith("embeddings.tok_embeddings.weight") for k in state)
