@@ -187,6 +187,23 @@ def tiny_encoder(stages_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_modern_encoder(stages_dir, tmp_path_factory):
+    """tiny_encoder's twin with ModernBERT's block (a local and a global layer, a window of 8)."""
+    from components.data.tokenizer import load
+    from components.model.build import build_model
+    from components.model.config import BertConfig
+    from components.model.folders import write_encoder
+    from components.model.metadata import EncoderInfo
+
+    vocab = load(stages_dir / "tokenizer").get_vocab_size()
+    cfg = BertConfig(vocab_size=vocab, hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
+                     arch="modern", local_window=8, global_every=2, layer_norm_eps=1e-5)
+    out = tmp_path_factory.mktemp("modern-encoder") / "encoder"
+    write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory) -> Iterator[str]:
     """One real Prefect server for the test process (`bertflow server start`'s), the API of the
     flow runs its tests start, in-process and in `bertflow run` subprocesses (PREFECT_API_URL):

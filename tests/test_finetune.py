@@ -227,7 +227,9 @@ def _user_files(folder):
 
 
 @pytest.mark.slow
-def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp_path):
+@pytest.mark.parametrize("arch", ["classic", "modern"])
+def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tmp_path):
+    tiny_encoder = request.getfixturevalue("tiny_encoder" if arch == "classic" else "tiny_modern_encoder")
 
     from safetensors.torch import load_file
 
@@ -263,7 +265,9 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
         task_dir, model_dir = tmp_path / "tasks" / name, tmp_path / "models" / name
         prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)
         # The CRF path too, for BIO and plain tags; plain tags on first subwords only.
-        task_cfg = cfg.model_copy(update={"crf": name in ("ner", "pos"), "label_subwords":
+        # A modern ner trains without the CRF: its export goes to transformers, logits compared.
+        crf = name == "pos" or (name == "ner" and arch == "classic")
+        task_cfg = cfg.model_copy(update={"crf": crf, "label_subwords":
                                           "first" if name == "pos" else cfg.label_subwords})
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
         assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
@@ -294,6 +298,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
                           task.long_text, max_span_words=task.max_span_words, scheme=info.scheme,
                           chunk_overlap=task.chunk_overlap)
         again = predict(model, task.kind, examples, info.space, 16, task.span_decoding, info.threshold)
+        if arch == "modern" and task.kind != "span" and not crf:
+            _same_logits_in_transformers(model, model_dir / "model", tmp_path / "hf" / name, examples)
         saved = pa.parquet.read_table(model_dir / "fits" / "pretrained-s1.parquet").to_pylist()
         if task.kind in ("classification", "pair"):
             assert [p[0] for p in again] == [r["pred"] for r in saved]
@@ -322,6 +328,28 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(tiny_encoder, tmp
     assert not any("minutes" in fit for fit in fits.values())  # wall time is not an output
     cost = table.split("## What each start cost")[1]
     assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)
+
+
+def _same_logits_in_transformers(model, model_dir, out, examples) -> None:
+    """export-hf's folder loads in transformers (no missing or unexpected keys) and gives our
+    task model's logits on a padded batch of real examples."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    from components.lifecycle.hf_export import export_hf
+    from components.model.inputs import collate
+
+    kind = export_hf(model_dir, out)["kind"]
+    auto = AutoModelForTokenClassification if kind == "token" else AutoModelForSequenceClassification
+    hf, loading = auto.from_pretrained(out, output_loading_info=True)
+    assert type(hf).__name__.startswith("ModernBert")
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    batch = collate(examples[:8], kind)
+    with torch.no_grad():
+        ours = model.eval()(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        theirs = hf.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    real = batch["attention_mask"] if kind == "token" else slice(None)
+    assert torch.allclose(ours[real], theirs[real], atol=1e-4), (ours[real] - theirs[real]).abs().max()
 
 
 def test_a_tiny_task_trains_its_minimum_steps_and_warns_below_its_baseline(tiny_encoder, tmp_path):

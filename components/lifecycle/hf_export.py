@@ -1,7 +1,7 @@
 """A fine-tuned classification, pair or token model in transformers' layout:
-`BertForSequenceClassification` / `BertForTokenClassification` with `id2label`, loadable with
-`from_pretrained(dir)` and `pipeline(...)` offline. Span models (and token models with a CRF)
-have no transformers equivalent.
+`BertForSequenceClassification` / `BertForTokenClassification` (a modern encoder:
+`ModernBertFor...`) with `id2label`, loadable with `from_pretrained(dir)` and `pipeline(...)`
+offline. Span models (and token models with a CRF) have no transformers equivalent.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from components.core.errors import DataError
 from components.core.io import atomic_dir, write_json
 from components.model.folders import copy_tokenizer, read_weights
-from components.model.hf_layout import hf_config, hf_state_dict
+from components.model.hf_layout import has_hf_layout, hf_config, hf_state_dict
 from components.model.metadata import read_task_model_info
 from components.model.pretraining import BertForPretraining
 
@@ -33,23 +33,30 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
     if info.crf:
         raise DataError(f"{name}: a token model with a CRF has no transformers equivalent "
                         "(its decoding is not a per-token argmax)")
-    if cfg.norm != "post":
-        raise DataError(f"{name}: a pre-norm encoder has no transformers BERT equivalent")
+    if not has_hf_layout(cfg):
+        raise DataError(f"{name}: a pre-norm BERT encoder has no transformers equivalent")
     ours = read_weights(model_dir / "model.safetensors")
     # Our encoder (and pooler) go through a pretraining model to get transformers' names.
     shell = BertForPretraining(cfg)
-    for part in ("encoder", "pooler"):
-        sub = {k[len(part) + 1:]: v for k, v in ours.items() if k.startswith(part + ".")}
-        if sub:
-            getattr(shell, part).load_state_dict(sub)
-    keep = "bert." if kind != "token" else ("bert.embeddings.", "bert.encoder.")  # no pooler
-    state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith(keep)}
+    shell.encoder.load_state_dict({k[len("encoder."):]: v for k, v in ours.items() if k.startswith("encoder.")})
+    if cfg.arch == "modern":  # ModernBertModel under `model.`, the head's transform as `head.`
+        state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith("model.")}
+        transform = "pooler." if kind != "token" else "head."
+        state.update({"head." + k[len(transform):]: v.contiguous() for k, v in ours.items()
+                      if k.startswith(transform)})
+    else:
+        pooler = {k[len("pooler."):]: v for k, v in ours.items() if k.startswith("pooler.")}
+        if pooler:
+            shell.pooler.load_state_dict(pooler)
+        keep = "bert." if kind != "token" else ("bert.embeddings.", "bert.encoder.")  # no pooler
+        state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith(keep)}
     state.update({k: ours[k].contiguous() for k in ("classifier.weight", "classifier.bias")})
     id2label = dict(enumerate(info.space))
-    config = {**hf_config(cfg), "architectures": [ARCHITECTURES[kind]], "id2label": id2label,
+    architecture = ARCHITECTURES[kind].replace("Bert", "ModernBert") if cfg.arch == "modern" else ARCHITECTURES[kind]
+    config = {**hf_config(cfg), "architectures": [architecture], "id2label": id2label,
               "label2id": {label: i for i, label in id2label.items()}}
     with atomic_dir(out_dir) as tmp:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         write_json(tmp / "config.json", config)
         copy_tokenizer(model_dir, tmp)
-    return {"kind": kind, "architecture": ARCHITECTURES[kind], "labels": len(id2label)}
+    return {"kind": kind, "architecture": architecture, "labels": len(id2label)}

@@ -22,6 +22,7 @@ from components.model.config import IGNORE, BertConfig
 from components.model.decoding import SPAN_INPUTS, predict, predictions_table, word_emissions
 from components.model.folders import load_pretraining_model
 from components.model.inputs import Encoded
+from components.model.modern import PredictionHead
 from components.training.common import adamw, optimizer_config
 
 
@@ -67,7 +68,8 @@ def score(kind: str, space: list[str], predictions: list, gold: pa.Table, scheme
 
 
 def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertConfig) -> None:
-    """Copy the pretrained encoder (and pooler, for classification) into a task model.
+    """Copy the pretrained encoder (and pooler, for classification; a modern model's heads'
+    transform) into a task model.
 
     The throwaway pretraining model is built on a forked random stream: its initialisation
     would otherwise advance the seed's stream, and a pretrained fit and a fit from scratch of
@@ -76,7 +78,14 @@ def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertCon
     with torch.random.fork_rng(devices=[]):
         pretrained = load_pretraining_model(encoder_dir, cfg)
     model.encoder.load_state_dict(pretrained.encoder.state_dict())
-    if hasattr(model, "pooler"):
+    if cfg.arch == "modern":
+        # ModernBERT exports no pooler: its sentence and token heads start from the MLM head's
+        # transform (dense, norm), as transformers' ModernBertFor*Classification load it.
+        transform = {k: v for k, v in pretrained.mlm.state_dict().items() if k.startswith(("dense.", "norm."))}
+        for name in ("pooler", "head"):
+            if isinstance(getattr(model, name, None), PredictionHead):
+                getattr(model, name).load_state_dict(transform)
+    elif hasattr(model, "pooler"):
         model.pooler.load_state_dict(pretrained.pooler.state_dict())
 
 
