@@ -253,9 +253,11 @@ def dvc_project(tmp_path) -> Path:
     return make_dvc_project(tmp_path / "project", small_params(tracking={"uri": "sqlite:///mlflow.db"}))
 
 
-def make_task_project(repo: Path, tasks: dict) -> Path:
+def make_task_project(repo: Path, tasks: dict, **sections: dict) -> Path:
     """A DVC project (tiny model, short pretraining) whose tasks read the user files of
-    tests/test_finetune.py, added to DVC as your own data is, not to git; committed."""
+    tests/test_finetune.py, added to DVC as your own data is, not to git; committed. `sections`
+    are merged into its params last."""
+    from components.core.params import merge
     from tests.test_finetune import _user_files
 
     data = small_params(tracking={"uri": "sqlite:///mlflow.db"})
@@ -265,7 +267,7 @@ def make_task_project(repo: Path, tasks: dict) -> Path:
     # One rate, no CRF: the lifecycle tests export the token model to transformers (no CRF there).
     data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], lr=0.003, lr_grid=[], epochs=8,
                             batch_size=16, patience=16, crf=False)
-    make_dvc_project(repo, data)
+    make_dvc_project(repo, merge(data, sections))
     _user_files(repo / "data" / "user" / "tasks")
     run_cli("dvc", "add", "data/user/tasks", cwd=repo)
     for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "user tasks"]):

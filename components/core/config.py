@@ -176,16 +176,16 @@ class ModelSize(Section):
 
 class ModelConfig(Section):
     """The encoder (built by one factory for pretraining and fine-tuning)."""
-    arch: Literal["classic", "modern"] = doc("classic: BERT's block; modern: ModernBERT's (pre-norm, GeGLU, RoPE, local/global).")
+    arch: Literal["classic", "modern"] = doc("BERT's block, or ModernBERT's (pre-norm, GeGLU, RoPE).")
     preset: str = doc("Key of `presets` to use.")
-    presets: dict[str, ModelSize] = doc("Named sizes: tiny (tests), mini (40 CPU-minutes), base (BERT-base), modern-base.")
+    presets: dict[str, ModelSize] = doc("Named sizes: tiny (tests), mini (CPU), base, modern-base.")
     max_position: AtLeast8 = doc("Longest sequence: learned positions (classic), RoPE's reach (modern).")
     dropout: Below1 = doc("Dropout on embeddings, attention probabilities and block outputs.")
-    norm: Literal["post", "pre"] = doc("classic: LayerNorm placement, post (BERT) or pre (modern is always pre).")
-    local_window: AtLeast2 = doc("modern: a local layer's window; each token sees +-local_window/2 (ModernBERT: 128).")
-    global_every: AtLeast1 = doc("modern: layers 0, n, 2n ... attend globally, the rest locally (ModernBERT: 3).")
-    rope_base_global: Rate = doc("modern: RoPE base of the global layers (ModernBERT: 160000).")
-    rope_base_local: Rate = doc("modern: RoPE base of the local layers (ModernBERT: 10000).")
+    norm: Literal["post", "pre"] = doc("classic: LayerNorm placement, post (BERT) or pre (modern: pre).")
+    local_window: AtLeast2 = doc("modern: a local layer's window; a token sees +-local_window/2.")
+    global_every: AtLeast1 = doc("modern: layers 0, n, 2n ... attend globally, the rest locally.")
+    rope_base_global: Rate = doc("modern: RoPE base of the global layers.")
+    rope_base_local: Rate = doc("modern: RoPE base of the local layers.")
 
     @checks
     def _preset(self) -> None:
@@ -207,6 +207,8 @@ class PretrainConfig(Section):
     max_predictions_per_seq: AtLeast1 = doc("Cap on selected tokens per sequence.")
     masking: Literal["token", "whole_word", "span"] = doc("Token, whole-word or SpanBERT span masking.")
     random_token: Literal["uniform", "unigram"] = doc("The 10% random tokens: uniform or by frequency.")
+    packed_attention: Literal["across", "within"] = doc(
+        "pairs.mode packing: attention crosses documents (RoBERTa) or stays in each (ModernBERT).")
     static_masking: bool = doc("Google's static masks (one per instance for every epoch); else fresh.")
     span_boundary_objective: bool = doc("With span masking, add SpanBERT's span-boundary objective.")
     position_init: Literal["random", "sinusoidal"] = doc("Learned positions start random or as sinusoids.")

@@ -127,24 +127,20 @@ def attention_maps(enc: LoadedEncoder, text: str) -> tuple[list[str], np.ndarray
     """The tokens of `text` and every attention matrix: (layers, heads, T, T), rows summing to 1.
 
     The model attends through SDPA, which does not return its weights; hooks catch each
-    attention module's input and recompute softmax(q k^T / sqrt(d)) from its own projection.
+    attention module's inputs (with a modern encoder's rotations and window) and recompute
+    them with the module's own `probabilities`.
     """
     encodings, ids, attention = _batch(enc, [text])
-    inputs: list[torch.Tensor] = []
-    hooks = [block.attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    inputs: list[tuple] = []
+    hooks = [block.attn.register_forward_pre_hook(lambda m, args: inputs.append(args))
              for block in enc.model.encoder.blocks]
     try:
         enc.model.encoder(ids, attention_mask=attention)
     finally:
         for hook in hooks:
             hook.remove()
-    maps = []
-    for block, x in zip(enc.model.encoder.blocks, inputs, strict=True):
-        B, T, H = x.shape
-        heads = block.attn.heads
-        q, k, _ = block.attn.qkv(x).view(B, T, 3, heads, H // heads).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-1, -2) / (H // heads) ** 0.5  # (B, heads, T, T)
-        maps.append(scores.softmax(-1)[0])
+    maps = [block.attn.probabilities(*args)[0]
+            for block, args in zip(enc.model.encoder.blocks, inputs, strict=True)]
     return encodings[0].tokens[: ids.shape[1]], torch.stack(maps).numpy()
 
 

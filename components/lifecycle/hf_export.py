@@ -38,7 +38,8 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
     ours = read_weights(model_dir / "model.safetensors")
     # Our encoder (and pooler) go through a pretraining model to get transformers' names.
     shell = BertForPretraining(cfg)
-    shell.encoder.load_state_dict({k[len("encoder."):]: v for k, v in ours.items() if k.startswith("encoder.")})
+    shell.encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in ours.items()
+                                   if k.startswith("encoder.")})
     if cfg.arch == "modern":  # ModernBertModel under `model.`, the head's transform as `head.`
         state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith("model.")}
         transform = "pooler." if kind != "token" else "head."
@@ -52,7 +53,9 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
         state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith(keep)}
     state.update({k: ours[k].contiguous() for k in ("classifier.weight", "classifier.bias")})
     id2label = dict(enumerate(info.space))
-    architecture = ARCHITECTURES[kind].replace("Bert", "ModernBert") if cfg.arch == "modern" else ARCHITECTURES[kind]
+    architecture = ARCHITECTURES[kind]
+    if cfg.arch == "modern":
+        architecture = architecture.replace("Bert", "ModernBert")
     config = {**hf_config(cfg), "architectures": [architecture], "id2label": id2label,
               "label2id": {label: i for i, label in id2label.items()}}
     with atomic_dir(out_dir) as tmp:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.model import modern
+from components.model.attention_mask import attention_allowed
 from components.model.config import BertConfig
 
 
@@ -45,10 +46,17 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden, cfg.hidden)
         self.p = cfg.dropout
 
+    def probabilities(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The attention weights (B, heads, T, T) that forward's SDPA applies without returning."""
+        B, T, H = x.shape
+        q, k, _ = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / (H // self.heads) ** 0.5
+        return (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-        # q, k, v: (B, heads, T, H/heads); mask: (B, 1, 1, T), True where attention may look.
+        # q, k, v: (B, heads, T, H/heads); mask: (B, 1, 1, T) or (B, 1, T, T), True where attention may look.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                            dropout_p=self.p if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, H))
@@ -94,9 +102,8 @@ class Encoder(nn.Module):
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        # (B, 1, 1, T) padding, or (B, 1, T, T) with packed documents; None: all attend to all
+        mask = attention_allowed(input_ids.shape[1], input_ids.device, attention_mask, position_ids)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         for block in self.blocks:
             x = block(x, mask)

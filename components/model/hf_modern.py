@@ -68,8 +68,8 @@ def config_from_hf_modern(hf: dict) -> BertConfig:
         dropout=hf.get("mlp_dropout", 0.0), layer_norm_eps=hf.get("norm_eps", 1e-5),
         init_std=hf.get("initializer_range", 0.02), pad_id=hf.get("pad_token_id") or 0,
         local_window=hf.get("local_attention", 128), global_every=every,
-        rope_base_global=rope.get("full_attention", {}).get("rope_theta", hf.get("global_rope_theta", 160_000.0)),
-        rope_base_local=rope.get("sliding_attention", {}).get("rope_theta", hf.get("local_rope_theta", 10_000.0)))
+        rope_base_global=rope.get("full_attention", {}).get("rope_theta", hf.get("global_rope_theta", 160e3)),
+        rope_base_local=rope.get("sliding_attention", {}).get("rope_theta", hf.get("local_rope_theta", 10e3)))
 
 
 def modern_names(cfg: BertConfig) -> dict[str, str]:

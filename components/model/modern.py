@@ -5,7 +5,7 @@ layer every `global_every` layers, and a final norm. No learned positions, no se
 
 Parameter layout: one to one onto transformers' ModernBertModel (model/hf_modern.py renames).
 Documents packed into one row (position ids that restart at 0) attend only within themselves,
-the block-diagonal mask of ModernBERT's unpadded training, through SDPA.
+the block-diagonal mask of ModernBERT's unpadded training (model/attention_mask.py), through SDPA.
 
 Shapes: B batch, T sequence length, H hidden, D head size (H / heads).
 """
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.model.attention_mask import attention_allowed, windowed
 from components.model.config import BertConfig
 
 
@@ -53,11 +54,22 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.p = cfg.dropout
 
+    def _qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        return rotate(q, *rope), rotate(k, *rope), v  # (B, heads, T, D) each
+
+    def probabilities(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                      mask: torch.Tensor | None) -> torch.Tensor:
+        """The attention weights (B, heads, T, T) that forward's SDPA applies without returning."""
+        q, k, _ = self._qkv(x, rope)
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        return (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = rotate(q, *rope), rotate(k, *rope)  # (B, heads, T, D)
+        q, k, v = self._qkv(x, rope)
         p = self.p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return F.dropout(self.out(y.transpose(1, 2).reshape(B, T, H)), p, self.training)
@@ -100,38 +112,6 @@ class Embeddings(nn.Module):
         return F.dropout(self.norm(self.word(input_ids)), self.p, self.training)  # (B, T, H)
 
 
-def documents(position_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) index of each position's document within its row: a new one wherever the position
-    ids do not increase (packed documents restart at 0)."""
-    restart = position_ids[:, 1:] <= position_ids[:, :-1]  # (B, T - 1)
-    return F.pad(restart.long().cumsum(1), (1, 0))
-
-
-def attention_masks(cfg: BertConfig, T: int, device: torch.device,
-                    attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """SDPA masks (True: may attend) of the global and the local layers, None where all may.
-
-    Padding keys are hidden (B, 1, 1, T); with several documents in a row, a (B, 1, T, T)
-    block-diagonal mask keeps each within its own; local layers add the band |i - j| <= window/2.
-    """
-    allowed = None
-    if attention_mask is not None and not bool(attention_mask.all()):
-        allowed = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-    if position_ids is not None:
-        doc = documents(position_ids)
-        if bool(doc[:, -1].any()):  # some row holds more than one document
-            same = doc[:, None, :, None] == doc[:, None, None, :]  # (B, 1, T, T)
-            allowed = same if allowed is None else same & allowed
-            # A query always sees itself, so no row is empty (SDPA would give NaN).
-            allowed = allowed | torch.eye(T, dtype=torch.bool, device=device)
-    if T - 1 <= cfg.local_window // 2:
-        return allowed, allowed  # the window covers the whole row
-    i = torch.arange(T, device=device)
-    band = (i[:, None] - i[None, :]).abs() <= cfg.local_window // 2  # (T, T)
-    return allowed, band if allowed is None else allowed & band
-
-
 class ModernEncoder(nn.Module):
     """Embeddings, the blocks and the final norm: token ids in, contextual vectors out."""
 
@@ -150,7 +130,8 @@ class ModernEncoder(nn.Module):
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         # token_type_ids: accepted for the common interface; ModernBERT has no segments.
         T, device = input_ids.shape[1], input_ids.device
-        global_mask, local_mask = attention_masks(self.cfg, T, device, attention_mask, position_ids)
+        global_mask = attention_allowed(T, device, attention_mask, position_ids)
+        local_mask = windowed(global_mask, self.cfg.local_window, T, device)
         positions = torch.arange(T, device=device)[None] if position_ids is None else position_ids
         rope_global, rope_local = self.rope_global(positions), self.rope_local(positions)
         x = self.embeddings(input_ids)

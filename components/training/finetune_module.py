@@ -81,7 +81,8 @@ def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertCon
     if cfg.arch == "modern":
         # ModernBERT exports no pooler: its sentence and token heads start from the MLM head's
         # transform (dense, norm), as transformers' ModernBertFor*Classification load it.
-        transform = {k: v for k, v in pretrained.mlm.state_dict().items() if k.startswith(("dense.", "norm."))}
+        transform = {k: v for k, v in pretrained.mlm.state_dict().items()
+                     if k.startswith(("dense.", "norm."))}
         for name in ("pooler", "head"):
             if isinstance(getattr(model, name, None), PredictionHead):
                 getattr(model, name).load_state_dict(transform)

@@ -27,7 +27,7 @@ from components.core.errors import ConfigError, DataError
 from components.core.guard import make_owned, remove_owned
 from components.core.io import list_shards
 from components.core.machine import cpu_facts
-from components.data.tokenizer import load
+from components.data.tokenizer import SEP, load
 from components.model.build import build_model
 from components.model.checkpoint import load_checkpoint
 from components.model.config import BertConfig
@@ -151,7 +151,7 @@ def pretrain(*, model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokeni
     if cfg.embedding_init == "corpus_svd" and not checkpoint.init_from and resume is None:
         corpus_embeddings(module.model.encoder, bert, pairs_dir, spec.special_ids)
     trainer = lightning_trainer(cfg, snapshot_dir, mlflow_run)
-    data = PairsData(pairs_dir, cfg, masker)
+    data = PairsData(pairs_dir, cfg, masker, load(tokenizer_dir).token_to_id(SEP))
     if checkpoint.init_from and resume is None:  # where continued pretraining starts from
         trainer.validate(module, datamodule=data, verbose=False)
     began = time.perf_counter()

@@ -60,7 +60,7 @@ class PairBatches(IterableDataset):
     def __init__(self, folder: Path, batch_size: int, masker: Masker, seed: int, *,
                  rank: int = 0, world: int = 1, start_batch: int = 0, shuffle: bool = True,
                  epochs: int | None = None, window: int = 4, static_masks: bool = False,
-                 short_len: int = 0, short_batches: int = 0):
+                 short_len: int = 0, short_batches: int = 0, documents_after: int | None = None):
         self.groups = list_row_groups(folder)
         if not self.groups:
             raise DataError(f"pretrain: no pairs shards in {folder}; run the pairs stage first")
@@ -69,6 +69,9 @@ class PairBatches(IterableDataset):
         self.shuffle, self.epochs, self.window, self.static = shuffle, epochs, window, static_masks
         # Curriculum: this rank's first `short_batches` batches are cut into `short_len` pieces.
         self.short_len, self.short_batches = short_len, short_batches
+        # Packed rows (no pair label) hold several documents, each ending in this id ([SEP]):
+        # their positions restart after each, which keeps attention within a document.
+        self.documents_after = documents_after
         rows = sum(b.rows for b in self.groups)
         # Every rank takes the same number of batches per epoch; the remainder is dropped.
         self.per_epoch = rows // batch_size // world * world
@@ -141,6 +144,10 @@ class PairBatches(IterableDataset):
         instance = torch.tensor(table["id"].to_numpy(), dtype=torch.long)
         labels = torch.tensor(table["next_sentence_label"].to_numpy(), dtype=torch.long)
         extra: dict[str, torch.Tensor] = {}
+        positions = None
+        if self.documents_after is not None and bool((labels < 0).any()):
+            positions = document_positions(input_ids, self.documents_after, labels < 0)
+            extra["position_ids"] = positions
         if self.short_len and g // self.world < self.short_batches:
             # (B, T) -> (B * T/L, L) pieces; all-padding pieces dropped; NSP off (-1): a piece
             # is no sentence pair. A neighbour is 1/L of an early, near-uniform attention mix
@@ -154,7 +161,9 @@ class PairBatches(IterableDataset):
             attention = attention.bool()
             # Each piece keeps the positions it had in its instance: all position embeddings
             # train from the start, and the switch to full length changes nothing for them.
-            extra["position_ids"] = torch.arange(T + pad).repeat(B).reshape(-1, L)[keep]
+            whole = torch.arange(T + pad).repeat(B, 1) if positions is None else \
+                torch.nn.functional.pad(positions, (0, pad))
+            extra["position_ids"] = whole.reshape(-1, L)[keep]
             instance = instance.repeat_interleave((T + pad) // L)[keep]
             labels = torch.full((len(input_ids),), -1, dtype=torch.long)
             B = len(input_ids)
@@ -166,6 +175,16 @@ class PairBatches(IterableDataset):
             masked = self.masker(input_ids, torch.Generator().manual_seed(mix(self.seed, g)))
         return {**masked, **extra, "token_type_ids": token_types, "attention_mask": attention,
                 "next_sentence_label": labels, "instance_id": instance}
+
+
+def document_positions(input_ids: torch.Tensor, sep_id: int, packed: torch.Tensor) -> torch.Tensor:
+    """(B, T) position ids that restart at 0 after every [SEP] of the `packed` rows ((B,) bool)
+    and count on in the others; the encoder reads a restart as a new document (model/modern.py)."""
+    B, T = input_ids.shape
+    index = torch.arange(T).expand(B, T)
+    starts = torch.zeros(B, T, dtype=torch.bool)
+    starts[:, 1:] = (input_ids[:, :-1] == sep_id) & packed[:, None]
+    return index - torch.where(starts, index, 0).cummax(dim=1).values
 
 
 def masking_spec(cfg: PretrainConfig, tokenizer_dir: Path, pairs_dir: Path | None = None) -> MaskingSpec:

@@ -154,9 +154,10 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class PairsData(L.LightningDataModule):
     """The pairs shards' train and held-out streams, for the trainer it is attached to."""
 
-    def __init__(self, pairs_dir: Path, cfg: PretrainConfig, masker: Masker):
+    def __init__(self, pairs_dir: Path, cfg: PretrainConfig, masker: Masker, sep_id: int):
         super().__init__()
         self.pairs_dir, self.cfg, self.masker = Path(pairs_dir), cfg, masker
+        self.documents_after = sep_id if cfg.packed_attention == "within" else None
 
     def train_dataloader(self) -> DataLoader:
         # Called after a snapshot is restored: start where the restored step left off.
@@ -165,12 +166,14 @@ class PairsData(L.LightningDataModule):
                                       rank=trainer.global_rank, world=trainer.world_size,
                                       start_batch=trainer.global_step * cfg.accumulate,
                                       static_masks=cfg.static_masking, short_len=cfg.short_seq_len,
-                                      short_batches=cfg.short_seq_steps * cfg.accumulate),
+                                      short_batches=cfg.short_seq_steps * cfg.accumulate,
+                                      documents_after=self.documents_after),
                           batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
         cfg, trainer = self.cfg, self.trainer
         return DataLoader(PairBatches(self.pairs_dir / "heldout", cfg.batch_size, self.masker,
                                       mix(cfg.seed, 1), rank=trainer.global_rank,
-                                      world=trainer.world_size, shuffle=False, epochs=1),
+                                      world=trainer.world_size, shuffle=False, epochs=1,
+                                      documents_after=self.documents_after),
                           batch_size=None)

@@ -1,0 +1,188 @@
+"""model.arch: modern (ModernBERT's block): transformers computes what our encoder computes, in
+both directions; packed documents attend only within themselves (either arch); a ModernBERT
+checkpoint continues; and a modern pipeline runs from corpus to REST."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from components.model.build import build_model
+from components.model.config import BertConfig
+from tests.conftest import PACKAGES, make_task_project, run_cli, section
+
+CFG = BertConfig(vocab_size=120, hidden=32, layers=4, heads=2, intermediate=48, dropout=0.0, arch="modern",
+                 local_window=8, global_every=3, layer_norm_eps=1e-5, max_position=256)
+
+
+def _ids(B: int = 2, T: int = 24, seed: int = 0) -> torch.Tensor:
+    return torch.randint(5, CFG.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _save_hf(model, folder) -> None:
+    from safetensors.torch import save_file
+
+    from components.model.hf_layout import hf_config, hf_state_dict
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(hf_state_dict(model), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_config(model.cfg)))
+
+
+def test_transformers_loads_our_modern_encoder_natively_with_equal_logits(tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    torch.manual_seed(0)
+    ours = build_model(CFG).eval()
+    _save_hf(ours, tmp_path / "hf")
+    theirs, loading = AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert type(theirs).__name__ == "ModernBertForMaskedLM"
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    # 24 tokens against a window of +-4: the local layers' band matters; row 2 is padded.
+    ids, mask = _ids(), torch.ones(2, 24, dtype=torch.long)
+    mask[1, 17:] = 0
+    with torch.no_grad():
+        got = ours.mlm(ours.encoder(ids, None, mask))  # (B, T, V)
+        want = theirs.eval()(input_ids=ids, attention_mask=mask).logits
+        wide = build_model(replace(CFG, local_window=64)).eval()
+        wide.load_state_dict(ours.state_dict())
+        windowed = (ours.encoder(ids, None, mask) - wide.encoder(ids, None, mask)).abs().max()
+    real = mask.bool()
+    assert torch.allclose(got[real], want[real], atol=1e-4)
+    assert windowed > 1e-3  # the window is real
+
+
+def test_a_transformers_modern_bert_loads_into_ours_with_equal_logits(tmp_path):
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    from components.model.folders import read_weights
+    from components.model.hf_layout import config_from_hf, load_hf_state_dict, normalize_hf_names
+    from components.model.pretraining import BertForPretraining
+
+    torch.manual_seed(1)
+    hf = ModernBertForMaskedLM(ModernBertConfig(
+        vocab_size=120, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=48,
+        local_attention=8, global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=None,
+        eos_token_id=None, cls_token_id=None, sep_token_id=None, max_position_embeddings=256)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    cfg = config_from_hf(tmp_path / "hf" / "config.json")
+    assert (cfg.arch, cfg.global_every, cfg.local_window, cfg.rope_base_global) == ("modern", 2, 8, 160_000.0)
+    ours = BertForPretraining(cfg)
+    fresh = load_hf_state_dict(ours, normalize_hf_names(read_weights(tmp_path / "hf" / "model.safetensors")))
+    assert fresh == ["nsp", "pooler"]  # ModernBERT has neither
+    ids = _ids(seed=2)
+    with torch.no_grad():
+        assert torch.allclose(ours.eval().mlm(ours.encoder(ids)), hf(input_ids=ids).logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["classic", "modern"])
+def test_packed_documents_attend_only_within_themselves(arch):
+    from components.training.pretrain_data import document_positions
+
+    torch.manual_seed(0)
+    cfg = replace(CFG, arch=arch, local_window=128)
+    encoder = build_model(cfg, head="encoder").eval()
+    sep = 3
+    first, second = _ids(1, 9, seed=3), _ids(1, 7, seed=4)
+    first[0, -1] = second[0, -1] = sep
+    packed = torch.cat([first, second], dim=1)  # (1, 16): two documents, each ending in [SEP]
+    positions = document_positions(packed, sep, torch.tensor([True]))
+    assert positions.tolist() == [list(range(9)) + list(range(7))]
+    assert document_positions(packed, sep, torch.tensor([False])).tolist() == [list(range(16))]  # NSP
+    with torch.no_grad():
+        together = encoder(packed, position_ids=positions)
+        alone = [encoder(first), encoder(second)]
+        across = encoder(packed)
+    assert torch.allclose(together[0, :9], alone[0][0], atol=1e-5)
+    assert torch.allclose(together[0, 9:], alone[1][0], atol=1e-5)
+    assert not torch.allclose(across[0, 9:], alone[1][0], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_modern_bert_checkpoint_is_continued(stages_dir, pairs_out, tmp_path):
+    # pretrain.init_from names a folder transformers wrote (random weights: none ships offline).
+    import shutil
+
+    from safetensors.torch import load_file
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    from components.core.config import ModelConfig, PretrainConfig
+    from components.data.tokenizer import load
+    from components.model.checkpoint import import_checkpoint
+    from components.training.pretrain import pretrain
+
+    vocab = load(stages_dir / "tokenizer").get_vocab_size()
+    torch.manual_seed(0)
+    ModernBertForMaskedLM(ModernBertConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=48,
+        local_attention=16, pad_token_id=0, bos_token_id=None, eos_token_id=None, cls_token_id=None,
+        sep_token_id=None, max_position_embeddings=256)).save_pretrained(tmp_path / "hf")
+    shutil.copy(stages_dir / "tokenizer" / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")
+    imported = import_checkpoint(str(tmp_path / "hf"), tmp_path, PACKAGES, tmp_path / "ckpt")
+    assert imported["fresh_heads"] == ["nsp", "pooler"]
+    cfg = section(PretrainConfig, init_from=str(tmp_path / "hf"), batch_size=16, warmup_steps=2, lr=3e-3,
+                  max_steps=30, val_every_steps=30, snapshot_every_steps=30, short_seq_steps=0,
+                  accelerator="cpu")
+    stats = pretrain(model=section(ModelConfig, preset="tiny"), cfg=cfg, pairs_dir=pairs_out[0],
+                     tokenizer_dir=tmp_path / "ckpt", out_dir=tmp_path / "encoder",
+                     work_dir=tmp_path / "work", checkpoint_dir=tmp_path / "ckpt")
+    assert stats["mlm_loss"] < stats["start_mlm_loss"] - 0.5
+    before, after = load_file(tmp_path / "ckpt" / "model.safetensors"), \
+        load_file(tmp_path / "encoder" / "model.safetensors")
+    assert set(before) == set(after) and not torch.equal(before["model.layers.1.mlp.Wo.weight"],
+                                                          after["model.layers.1.mlp.Wo.weight"])
+    config = json.loads((tmp_path / "encoder" / "config.json").read_text())
+    assert (config["model_type"], config["num_hidden_layers"]) == ("modernbert", 3)
+
+
+TASKS = {
+    "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
+                "columns": {"text": "review", "label": "verdict"}},
+    "same-topic": {"kind": "pair", "source": "data/user/tasks/pairs.jsonl"},
+    "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
+    "ner-span": {"kind": "span", "source": "data/user/tasks/ner.conll", "max_span_words": 3,
+                 "span_decoding": "greedy", "epochs": 16},
+}
+
+
+@pytest.mark.slow
+def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
+    # ModernBERT's recipe in small: packed documents that attend within themselves, no NSP,
+    # 30% masking; then every task kind, the registry, predict, REST and transformers.
+    import httpx
+    from transformers import pipeline
+
+    from tests.test_lifecycle import _env, _free_port, _start, _stop
+
+    repo = make_task_project(tmp_path / "project", TASKS, model={"arch": "modern", "local_window": 16},
+                             pairs={"mode": "packing"},
+                             pretrain={"packed_attention": "within", "mlm_probability": 0.3})
+    run_cli("bertflow", "run", cwd=repo)
+    encoder = json.loads((repo / "data/models/encoder/config.json").read_text())
+    assert encoder["model_type"] == "modernbert"
+    texts = ["the film number 11 was great", "the film number 12 was awful"]
+    offline = [json.loads(line) for line in run_cli("bertflow", "predict", "reviews", "--text", texts[0],
+                                                    "--text", texts[1], cwd=repo).stdout.splitlines()]
+    assert [o["label"] for o in offline] == ["pos", "neg"]
+    spans = json.loads(run_cli("bertflow", "predict", "ner-span", "--text", "Smith visited London",
+                               cwd=repo).stdout)
+    assert "spans" in spans or "entities" in spans, spans
+    port = _free_port()
+    server = _start(["mlflow", "models", "serve", "-m", "models:/ner@champion", "--env-manager", "local",
+                     "-h", "127.0.0.1", "-p", str(port)], repo,
+                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}"),
+                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    try:
+        words = "Smith visited London".split()
+        served = httpx.post(f"http://127.0.0.1:{port}/invocations",
+                            json={"dataframe_records": [{"tokens": words}]}, timeout=60)
+        assert served.status_code == 200 and len(served.json()["predictions"][0]["tags"]) == 3
+    finally:
+        _stop(server)
+    run_cli("bertflow", "export-hf", "reviews", str(tmp_path / "reviews"), cwd=repo)
+    theirs = pipeline("text-classification", model=str(tmp_path / "reviews"))(texts)
+    assert [t["label"] for t in theirs] == [o["label"] for o in offline]
+    assert [t["score"] for t in theirs] == pytest.approx([o["score"] for o in offline], abs=1e-4)
