@@ -1,20 +1,25 @@
-"""Pretraining step throughput: our encoder against HF BertForPreTraining, interleaved in one run.
+"""Pretraining step throughput: our encoders against transformers', interleaved in one run.
 
-Both train the same shape (the preset from params.yaml), on the same masked batch, with the same
-thread count, dropout and AdamW; HF uses its SDPA attention (`_from_config(cfg,
-attn_implementation="sdpa")`). Also measured in the same run: the fp32 matrix-product rate of
-this CPU, against which our model FLOPs utilisation (MFU) is computed.
+Each pair trains the same shape (the preset from params.yaml) on the same masked batch, with the
+same thread count, dropout and AdamW: our classic encoder against `BertForPreTraining`, our
+modern one against `ModernBertForMaskedLM` (both `attn_implementation="sdpa"`; ModernBERT with
+`sparse_prediction`, so it too decodes only the masked positions). In fp32, and in bf16 autocast
+where the CPU has AMX (`amx_bf16` in /proc/cpuinfo), where bf16 matrix products run several
+times the fp32 rate. Each precision's matrix-product rate is measured in the same run; model
+FLOPs utilisation (MFU) is against it.
 
-Usage:  python benchmarks/pretrain_throughput.py [--preset mini] [--steps 6]
+Usage:  python benchmarks/pretrain_throughput.py [--preset mini] [--steps 12] [--bf16 auto|yes|no]
 Writes the "Pretraining step" section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,19 +31,104 @@ from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
 from components.model.build import build_model  # noqa: E402
 from components.model.config import IGNORE, BertConfig  # noqa: E402
+from components.model.hf_modern import hf_modern_config  # noqa: E402
 from components.model.pretraining import count_flops_per_token  # noqa: E402
+from components.training.common import has_amx  # noqa: E402
 
 SECTION = "## Pretraining step"
 
 
-def matmul_rate(n: int = 2048, reps: int = 5) -> float:
-    """fp32 FLOP/s of a square matrix product on this CPU, right now."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so that a clock is fair."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_rate(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5,
+                device: str = "cpu") -> float:
+    """FLOP/s of a square matrix product in `dtype` on `device`, right now."""
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     a @ b
+    sync(device)
     start = time.perf_counter()
     for _ in range(reps):
         a @ b
+    sync(device)
     return reps * 2 * n**3 / (time.perf_counter() - start)
+
+
+def transformers_twin(cfg: BertConfig):
+    """transformers' model of our config's shape: BertForPreTraining or ModernBertForMaskedLM."""
+    from transformers import BertConfig as HFBert
+    from transformers import BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM
+
+    if cfg.arch == "modern":
+        hf = ModernBertConfig(**{**hf_modern_config(cfg), "sparse_prediction": True})
+        return ModernBertForMaskedLM._from_config(hf, attn_implementation="sdpa")
+    hf = HFBert(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+                num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
+                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+    return BertForPreTraining._from_config(hf, attn_implementation="sdpa")
+
+
+def pair_steps(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bool, device: str = "cpu"):
+    """One training step of ours and one of transformers' (closures), on the same batch."""
+    ours, hf = build_model(cfg).to(device).train(), transformers_twin(cfg).to(device).train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, cfg.vocab_size, (B, T), generator=g)
+    types = (torch.arange(T) >= T // 2).long().expand(B, T).contiguous()
+    attention = torch.ones(B, T, dtype=torch.bool)
+    labels = torch.where(torch.rand(B, T, generator=g) < mlm_probability, ids, torch.full_like(ids, IGNORE))
+    nsp = torch.randint(0, 2, (B,), generator=g)
+    ids, types, attention, labels, nsp = (x.to(device) for x in (ids, types, attention, labels, nsp))
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
+
+    def cast():
+        kind = torch.device(device).type
+        return torch.autocast(kind, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def step_ours() -> None:
+        with cast():
+            # the modern recipe has no NSP (packing): the classic one trains it
+            loss = ours(ids, types, attention, labels, None if cfg.arch == "modern" else nsp)["loss"]
+        loss.backward()
+        opt_ours.step()
+        opt_ours.zero_grad(set_to_none=True)
+
+    def step_hf() -> None:
+        with cast():
+            if cfg.arch == "modern":
+                loss = hf(input_ids=ids, attention_mask=attention.long(), labels=labels).loss
+            else:
+                loss = hf(input_ids=ids, token_type_ids=types, attention_mask=attention.long(),
+                          labels=labels, next_sentence_label=nsp).loss
+        loss.backward()
+        opt_hf.step()
+        opt_hf.zero_grad(set_to_none=True)
+
+    return step_ours, step_hf
+
+
+def measure(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bool, steps: int,
+            device: str = "cpu", matmul_n: int = 2048) -> dict:
+    """Median step times of ours and transformers' (interleaved) and the matmul rate between."""
+    step_ours, step_hf = pair_steps(cfg, B, T, mlm_probability, bf16, device)
+    for step in (step_ours, step_hf, step_ours, step_hf):  # warm-up
+        step()
+    t_ours, t_hf, rates = [], [], []
+    for _ in range(steps):  # interleaved: both see the same machine state
+        for step, times in ((step_ours, t_ours), (step_hf, t_hf)):
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times.append(time.perf_counter() - start)
+        rates.append(matmul_rate(torch.bfloat16 if bf16 else torch.float32, matmul_n, device=device))
+    ours_s, hf_s, peak = statistics.median(t_ours), statistics.median(t_hf), statistics.median(rates)
+    flops = count_flops_per_token(cfg, T, mlm_probability) * B * T
+    return {"ours": B * T / ours_s, "hf": B * T / hf_s, "ratio": hf_s / ours_s, "peak": peak,
+            "mfu": flops / ours_s / peak, "flops": flops}
 
 
 def main() -> None:
@@ -47,73 +137,47 @@ def main() -> None:
     parser.add_argument("--preset", default=p.model.preset)
     parser.add_argument("--steps", type=int, default=12, help="timed steps per model")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--bf16", choices=["auto", "yes", "no"], default="auto",
+                        help="also measure bf16 autocast (auto: where the CPU has AMX)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-
-    from transformers import BertConfig as HFConfig
-    from transformers import BertForPreTraining
+    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_amx())
 
     size = p.model.presets[args.preset]
     B, T, V = p.pretrain.batch_size, p.pairs.max_seq_len, p.tokenizer.vocab_size
-    cfg = BertConfig(vocab_size=V, hidden=size.hidden, layers=size.layers, heads=size.heads,
-                     intermediate=size.intermediate, dropout=p.pretrain.dropout, norm="post")
-    ours = build_model(cfg).train()
-    hf = BertForPreTraining._from_config(
-        HFConfig(vocab_size=V, hidden_size=size.hidden, num_hidden_layers=size.layers,
-                 num_attention_heads=size.heads, intermediate_size=size.intermediate,
-                 hidden_dropout_prob=p.pretrain.dropout, attention_probs_dropout_prob=p.pretrain.dropout),
-        attn_implementation="sdpa").train()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, V, (B, T), generator=g)
-    types = (torch.arange(T) >= T // 2).long().expand(B, T).contiguous()
-    attention = torch.ones(B, T, dtype=torch.bool)
-    labels = torch.where(torch.rand(B, T, generator=g) < p.pretrain.mlm_probability, ids,
-                         torch.full_like(ids, IGNORE))
-    nsp = torch.randint(0, 2, (B,), generator=g)
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
-
-    def step_ours() -> None:
-        ours(ids, types, attention, labels, nsp)["loss"].backward()
-        opt_ours.step()
-        opt_ours.zero_grad(set_to_none=True)
-
-    def step_hf() -> None:
-        hf(input_ids=ids, token_type_ids=types, attention_mask=attention.long(), labels=labels,
-           next_sentence_label=nsp).loss.backward()
-        opt_hf.step()
-        opt_hf.zero_grad(set_to_none=True)
-
-    for step in (step_ours, step_hf, step_ours, step_hf):  # warm-up
-        step()
-    t_ours, t_hf, rates = [], [], []
-    for _ in range(args.steps):  # interleaved: both see the same machine state
-        start = time.perf_counter()
-        step_ours()
-        t_ours.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        step_hf()
-        t_hf.append(time.perf_counter() - start)
-        rates.append(matmul_rate())
-    ours_s, hf_s, peak = statistics.median(t_ours), statistics.median(t_hf), statistics.median(rates)
-    flops = count_flops_per_token(cfg, T, p.pretrain.mlm_probability) * B * T
+    classic = BertConfig(vocab_size=V, hidden=size.hidden, layers=size.layers, heads=size.heads,
+                         intermediate=size.intermediate, dropout=p.pretrain.dropout, norm="post")
+    m = p.model
+    modern = replace(classic, arch="modern", layer_norm_eps=1e-5, local_window=m.local_window,
+                     global_every=m.global_every, rope_base_global=m.rope_base_global,
+                     rope_base_local=m.rope_base_local)
+    rows = []
+    for precision in ("fp32", "bf16") if bf16 else ("fp32",):
+        pairs = ((classic, "classic", "BertForPreTraining", p.pretrain.mlm_probability),
+                 (modern, "modern", "ModernBertForMaskedLM", 0.3))
+        for cfg, name, theirs, masking in pairs:
+            r = measure(cfg, B, T, masking, precision == "bf16", args.steps)
+            rows.append(f"| {name} | {precision} | {masking:.0%} | {r['ours']:,.0f} | `{theirs}` "
+                        f"{r['hf']:,.0f} | **{r['ratio']:.2f}** | {r['peak'] / 1e9:,.0f} | "
+                        f"**{r['mfu']:.0%}** |")
+            print(rows[-1], flush=True)
     text = "\n".join([
         SECTION, "",
         f"Reproduce: `python benchmarks/pretrain_throughput.py --preset {args.preset}` "
-        f"({args.threads} threads, fp32, no GPU).",
+        f"({args.threads} threads, no GPU; bf16 rows where the CPU has AMX).",
         "",
         f"Shape: preset `{args.preset}` ({size.layers} layers × {size.hidden} hidden, {size.heads} heads, "
         f"{size.intermediate} FFN), vocab {V}, batch {B} × {T}, dropout {p.pretrain.dropout}, "
-        f"AdamW; median of {args.steps} interleaved steps each.",
+        f"AdamW; median of {args.steps} interleaved steps each. Classic trains MLM + NSP, modern "
+        f"MLM only at ModernBERT's 30% (window {m.local_window}, a global layer every "
+        f"{m.global_every}). MFU: model FLOPs (matmuls and attention, forward and backward, the "
+        "MLM head on the selected positions only) per second against the matrix-product rate "
+        "of the same precision (2048² products) measured in the same run.",
         "",
-        "| measure | ours | HF `BertForPreTraining` (sdpa) | ratio (target ≥ 2.0) |",
-        "|---|---|---|---|",
-        f"| tokens/s | {B * T / ours_s:,.0f} | {B * T / hf_s:,.0f} | **{hf_s / ours_s:.2f}** |",
-        "",
-        f"fp32 matmul rate measured in the same run (2048² products): {peak / 1e9:.0f} GFLOP/s. "
-        f"Our model FLOPs per step: {flops / 1e9:.1f} G (matmuls and attention, forward and "
-        f"backward, MLM head on the selected 15% only) → **MFU {flops / ours_s / peak:.0%}** "
-        "(target ≥ 75%).",
+        "| encoder | precision | masked | ours tokens/s | transformers (sdpa) tokens/s | "
+        "ratio (target ≥ 2.0) | matmul GFLOP/s | MFU (target ≥ 70%) |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
         "",
     ])
     print(text)

@@ -186,3 +186,23 @@ def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
     theirs = pipeline("text-classification", model=str(tmp_path / "reviews"))(texts)
     assert [t["label"] for t in theirs] == [o["label"] for o in offline]
     assert [t["score"] for t in theirs] == pytest.approx([o["score"] for o in offline], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_on_cpu_with_tiny_shapes(tmp_path):
+    # benchmarks/gpu_check.sh's script, as a GPU machine runs it, in seconds on this CPU.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--steps", "1",
+                    "--out", str(tmp_path / "check.json")], cwd=tmp_path, check=True, capture_output=True)
+    report = json.loads((tmp_path / "check.json").read_text())
+    rows = report["pretraining"]
+    assert {(r["encoder"], r["tokens"]) for r in rows} == {(a, t) for a in ("classic", "modern") for t in (32, 64)}
+    assert all(r["ours_tokens_s"] > 0 and r["hf_tokens_s"] > 0 and r["mfu_measured"] > 0 for r in rows)
+    tuned = report["finetuning"]
+    assert not tuned["export_missing"] and not tuned["export_unexpected"]
+    assert tuned["export_max_logit_delta"] < 1e-4
+    assert set(tuned["fits"]) == {"pretrained-s1", "scratch-s1"}

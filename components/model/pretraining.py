@@ -127,8 +127,10 @@ class BertForPretraining(nn.Module):
 
 
 def count_flops_per_token(cfg: BertConfig, seq_len: int, predicted_fraction: float) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward) of matmuls and attention."""
+    """Training FLOPs per token (forward + backward = 3x forward) of matmuls and attention (a
+    local layer's masked scores included: SDPA computes them)."""
     H, L, F_, V = cfg.hidden, cfg.layers, cfg.intermediate, cfg.vocab_size
-    per_layer = 2 * (3 * H * H + H * H + 2 * H * F_) + 2 * 2 * seq_len * H  # linears + QK^T, AV
+    ff = 3 * H * F_ if cfg.arch == "modern" else 2 * H * F_  # GeGLU: value, gate and out
+    per_layer = 2 * (3 * H * H + H * H + ff) + 2 * 2 * seq_len * H  # linears + QK^T, AV
     head = predicted_fraction * 2 * (H * H + H * V)  # sparse MLM head
     return 3 * (L * per_layer + head)

@@ -1,0 +1,145 @@
+"""GPU check, one prepared run: bf16 pretraining steps of a BERT-base-size classic and a
+ModernBERT-base-size modern encoder at 128 and 512 tokens against transformers'
+`BertForPreTraining` and `ModernBertForMaskedLM` (sdpa, bf16) on the same device, tokens/s and MFU
+(against the bf16 matrix-product rate measured in the same run, and the device's nominal peak
+where known); two short fine-tuning fits through the pipeline's own code (precision `auto`:
+bf16-mixed on CUDA); and the modern export loading in transformers with equal logits.
+
+benchmarks/gpu_check.sh runs it on a GPU (at most 8 minutes); `--tiny` runs the same on CPU in
+seconds with tiny shapes (the test suite does).
+
+Usage:  python benchmarks/gpu_check.py [--tiny] [--steps 10] [--out gpu_check.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.pretrain_throughput import measure  # noqa: E402
+from components.core.params import load_params  # noqa: E402
+from components.model.config import BertConfig  # noqa: E402
+
+# Dense bf16 tensor-core peaks (vendor figures, FLOP/s), by a substring of the device's name.
+NOMINAL_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+
+
+def encoders(tiny: bool, vocab: int) -> list[tuple[str, BertConfig]]:
+    """The classic and modern shapes to time: params.yaml's base presets (tiny: its tiny one)."""
+    p = load_params(ROOT / "params.yaml")
+    m = p.model
+
+    def of(preset: str) -> BertConfig:
+        size = m.presets[preset]
+        return BertConfig(vocab_size=vocab, hidden=size.hidden, layers=size.layers, heads=size.heads,
+                          intermediate=size.intermediate, dropout=0.0, max_position=8192)
+
+    modern = replace(of("tiny" if tiny else "modern-base"), arch="modern", layer_norm_eps=1e-5,
+                     local_window=m.local_window, global_every=m.global_every,
+                     rope_base_global=m.rope_base_global, rope_base_local=m.rope_base_local)
+    return [("classic", of("tiny" if tiny else "base")), ("modern", modern)]
+
+
+def pretraining_rows(device: str, tiny: bool, steps: int) -> list[dict]:
+    """tokens/s and MFU of ours and transformers' per encoder and length (bf16 autocast)."""
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    nominal = next((v for k, v in NOMINAL_BF16.items() if k in name), None)
+    rows = []
+    for arch, cfg in encoders(tiny, vocab=512 if tiny else 30_522):
+        for T in (32, 64) if tiny else (128, 512):
+            B = (256 if tiny else 16_384) // T  # the same tokens per step at each length
+            masking = 0.3 if arch == "modern" else 0.15
+            r = measure(cfg, B, T, masking, bf16=True, steps=steps, device=device,
+                        matmul_n=256 if tiny else 8192)
+            rows.append({"encoder": arch, "layers": cfg.layers, "hidden": cfg.hidden, "tokens": T, "batch": B,
+                         "ours_tokens_s": r["ours"], "hf_tokens_s": r["hf"], "ratio": r["ratio"],
+                         "mfu_measured": r["mfu"], "matmul_tflops": r["peak"] / 1e12,
+                         "mfu_nominal": r["flops"] * r["ours"] / (B * T) / nominal if nominal else None})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _tokenizer(texts: list[str], out: Path) -> None:
+    """A small WordPiece tokenizer over `texts`, saved as the tokenizer stage saves one."""
+    from components.data.tokenizer import TOKENIZER_FILE, add_template, build, transformers_files, write_vocab
+
+    cfg = load_params(ROOT / "params.yaml").tokenizer.model_copy(update={"vocab_size": 300})
+    tok, trainer = build(cfg)
+    tok.train_from_iterator(texts, trainer)
+    add_template(tok)
+    out.mkdir(parents=True)
+    tok.save(str(out / TOKENIZER_FILE))
+    write_vocab(tok, out)
+    transformers_files("wordpiece", cfg.lowercase, out, 512)
+
+
+def finetune_and_export(tiny: bool, root: Path) -> dict:
+    """Two fits (pretrained, scratch) of a modern encoder on a made-up review task, through the
+    pipeline's finetune_task; then the encoder's export in transformers, logits compared."""
+    from transformers import AutoModelForMaskedLM
+
+    from components.core.config import TaskConfig
+    from components.data.tasks.prepare import prepare_task
+    from components.model.build import build_model
+    from components.model.folders import write_encoder
+    from components.model.metadata import EncoderInfo
+    from components.training.finetune import finetune_task
+
+    words = ["good", "great", "fine", "awful", "poor", "dull"]
+    rows = [(f"the film number {i} was {words[i % 6]} and long", "pos" if i % 6 < 3 else "neg")
+            for i in range(600)]
+    (root / "reviews.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    _tokenizer([t for t, _ in rows], root / "tokenizer")
+    from components.data.tokenizer import load
+
+    vocab = load(root / "tokenizer").get_vocab_size()
+    _, modern = encoders(tiny, vocab)[1]
+    modern = replace(modern, max_position=512, dropout=0.1)
+    model = build_model(modern)
+    write_encoder(model, EncoderInfo(modern), root / "tokenizer", root / "encoder")
+
+    theirs, loading = AutoModelForMaskedLM.from_pretrained(root / "encoder", output_loading_info=True)
+    ids = torch.tensor([load(root / "tokenizer").encode(rows[0][0]).ids])
+    with torch.no_grad():
+        ours = model.eval().mlm(model.encoder(ids))
+        delta = (ours - theirs.eval()(input_ids=ids).logits).abs().max().item()
+
+    p = load_params(ROOT / "params.yaml")
+    task = TaskConfig(kind="classification", source="reviews.csv")
+    prepare_task("reviews", task, root, root / "packages", root / "task")
+    cfg = p.finetune.model_copy(update={"tasks": {"reviews": task}, "seeds": [1], "lr_grid": [],
+                                        "init": ["pretrained", "scratch"], "epochs": 2, "workers": 1})
+    began = time.perf_counter()
+    stats = finetune_task("reviews", task, cfg, root / "task", root / "encoder", root / "model")
+    return {"export_missing": sorted(loading["missing_keys"]),
+            "export_unexpected": sorted(loading["unexpected_keys"]), "export_max_logit_delta": delta,
+            "fits_seconds": time.perf_counter() - began, "fits": stats["fits"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (the test suite's run)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "pretraining": pretraining_rows(device, args.tiny, args.steps)}
+    with tempfile.TemporaryDirectory() as tmp:
+        report["finetuning"] = finetune_and_export(args.tiny, Path(tmp))
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["finetuning"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The GPU check (benchmarks/gpu_check.py), one prepared run of at most 8 minutes on a machine
+# with an NVIDIA GPU: installs the project if it is not yet, then writes $OUT/gpu_check.json
+# (or ./gpu_check.json) and prints it. Record its figures in benchmarks/RESULTS.md with the
+# device named.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || make install
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+timeout 480 .venv/bin/python benchmarks/gpu_check.py --out "${OUT:-.}/gpu_check.json" "$@"
+cat "${OUT:-.}/gpu_check.json"
