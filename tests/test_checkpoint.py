@@ -113,7 +113,7 @@ def _drop_tensor(folder: Path, key: str) -> None:
      "the tokenizer has 27 tokens but the model's vocabulary (config.json vocab_size) is 25"),
     (lambda f: (f / "vocab.txt").write_text("".join(w + "\n" for w in WORDS if w != "[MASK]") + "b\n"),
      "the tokenizer has no [MASK]"),
-    (lambda f: _edit_config(f, hidden_act="relu"), "hidden_act is 'relu'; this pipeline reads hidden_act: gelu"),
+    (lambda f: _edit_config(f, hidden_act="relu"), "hidden_act is 'relu'; this pipeline reads hidden_act"),
     (lambda f: _drop_tensor(f, "encoder.layer.1.attention.self.key.weight"),
      "the encoder is incomplete: no bert.encoder.layer.1.attention.self.key.weight"),
     (lambda f: (f / "model.safetensors").write_bytes(b"not a tensor file"), "the file is damaged"),

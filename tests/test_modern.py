@@ -200,7 +200,8 @@ def test_the_gpu_check_runs_on_cpu_with_tiny_shapes(tmp_path):
                     "--out", str(tmp_path / "check.json")], cwd=tmp_path, check=True, capture_output=True)
     report = json.loads((tmp_path / "check.json").read_text())
     rows = report["pretraining"]
-    assert {(r["encoder"], r["tokens"]) for r in rows} == {(a, t) for a in ("classic", "modern") for t in (32, 64)}
+    assert {(r["encoder"], r["tokens"]) for r in rows} == {(a, t) for a in ("classic", "modern")
+                                                          for t in (32, 64)}
     assert all(r["ours_tokens_s"] > 0 and r["hf_tokens_s"] > 0 and r["mfu_measured"] > 0 for r in rows)
     tuned = report["finetuning"]
     assert not tuned["export_missing"] and not tuned["export_unexpected"]
