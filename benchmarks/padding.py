@@ -1,0 +1,76 @@
+"""What share of the tokens a pretraining batch computes are padding: the default's NSP pairs
+(Google's target lengths, 10% of them short) against whole documents packed to the full length
+(pairs.mode packing, as params-modern.yaml trains), from the same clean corpus and tokenizer.
+
+Both are built here in a temporary folder by the pairs stage's own code, then streamed as the
+pretrain stage streams them (PairBatches: each batch padded to its longest row).
+
+Usage:  python benchmarks/padding.py [--batches 200]   (after `bertflow run --until tokenizer`)
+Writes the "Padding in pretraining batches" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import write_section  # noqa: E402
+from components.core.params import load_params  # noqa: E402
+from components.data.pairs import make_pairs  # noqa: E402
+from components.model.masking import Masker  # noqa: E402
+from components.training.pretrain_data import PairBatches, masking_spec  # noqa: E402
+
+SECTION = "## Padding in pretraining batches"
+
+
+def padding_share(pairs_dir: Path, batch_size: int, masker: Masker, batches: int) -> tuple[float, float]:
+    """Share of padding among the positions of `batches` batches, and the mean real length."""
+    real = total = rows = 0
+    stream = PairBatches(pairs_dir / "train", batch_size, masker, seed=0)
+    for batch in itertools.islice(iter(stream), batches):
+        mask = batch["attention_mask"]
+        real, total, rows = real + int(mask.sum()), total + mask.numel(), rows + mask.shape[0]
+    return 1 - real / total, real / rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=200)
+    args = parser.parse_args()
+    p = load_params(ROOT / "params.yaml")
+    clean, tokenizer = ROOT / p.paths.clean, ROOT / p.paths.tokenizer
+    masker = Masker(masking_spec(p.pretrain, tokenizer))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("nsp", "packing"):
+            pairs = p.pairs.model_copy(update={"mode": mode})
+            make_pairs(pairs, p.executor, clean, tokenizer, Path(tmp) / mode)
+            share, length = padding_share(Path(tmp) / mode, p.pretrain.batch_size, masker, args.batches)
+            rows.append(f"| {mode} | {length:.1f} | **{share:.1%}** |")
+            print(rows[-1], flush=True)
+    text = "\n".join([
+        SECTION, "",
+        f"Reproduce: `python benchmarks/padding.py --batches {args.batches}` (the default corpus and "
+        f"tokenizer; batch {p.pretrain.batch_size}, pairs.max_seq_len {p.pairs.max_seq_len}).",
+        "",
+        "| pairs.mode | real tokens per row | padding share of the computed positions |",
+        "|---|---|---|",
+        *rows,
+        "",
+        "Packed rows are full but for a shard's last one; with `pretrain.packed_attention: within` "
+        "their documents attend only within themselves, so packing costs no cross-document "
+        "attention either.",
+        "",
+    ])
+    print(text)
+    write_section(text)
+
+
+if __name__ == "__main__":
+    main()
