@@ -289,3 +289,6 @@ def test_modern_needs_even_heads_and_mlm(tmp_path):
     data["pretrain"]["objective"] = "electra"
     with pytest.raises(ConfigError, match=re.escape("pretrain.objective: electra needs model.arch classic")):
         load_params(write_params(tmp_path, data))
+    data["pretrain"].update(objective="mlm", position_init="sinusoidal")
+    with pytest.raises(ConfigError, match=re.escape("pretrain.position_init: sinusoidal needs model.arch")):
+        load_params(write_params(tmp_path, data))

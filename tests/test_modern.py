@@ -78,6 +78,32 @@ def test_a_transformers_modern_bert_loads_into_ours_with_equal_logits(tmp_path):
         assert torch.allclose(ours.eval().mlm(ours.encoder(ids)), hf(input_ids=ids).logits, atol=1e-4)
 
 
+def test_every_query_sees_something_under_padding_and_a_window():
+    # A padding query farther than window/2 from any real token: an empty row is NaN on CUDA.
+    from components.model.attention_mask import attention_allowed, windowed
+
+    padding = torch.ones(1, 40, dtype=torch.bool)
+    padding[0, 6:] = False
+    local = windowed(attention_allowed(40, torch.device("cpu"), padding, None), 8, 40, torch.device("cpu"))
+    assert bool(local.any(-1).all())
+    assert not bool(local[0, 0, 3, 8])  # the band still holds for real tokens
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"attention_bias": True}, "attention_bias is True; this pipeline.s modern encoder has attention_bias"),
+    ({"hidden_activation": "silu"}, "hidden_activation is 'silu'"),
+    ({"layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]},
+     "layer_types is not one global layer every n layers"),
+])
+def test_a_modern_bert_this_encoder_is_not_is_refused_naming_the_key(tmp_path, change, message):
+    from components.core.errors import DataError
+    from components.model.hf_layout import config_from_hf, hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config(CFG), **change}))
+    with pytest.raises(DataError, match=message):
+        config_from_hf(tmp_path / "config.json")
+
+
 @pytest.mark.parametrize("arch", ["classic", "modern"])
 def test_packed_documents_attend_only_within_themselves(arch):
     from components.training.pretrain_data import document_positions

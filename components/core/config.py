@@ -361,3 +361,5 @@ class Params(Section):
              "has checkpoint, which needs pretrain.init_from")
         need(self.model.arch == "classic" or self.pretrain.objective == "mlm", "pretrain.objective",
              "electra needs model.arch classic (its generator shares BERT's embeddings)")
+        need(self.model.arch == "classic" or self.pretrain.position_init == "random",
+             "pretrain.position_init", "sinusoidal needs model.arch classic (RoPE learns no positions)")

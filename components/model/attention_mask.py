@@ -40,4 +40,14 @@ def windowed(allowed: torch.Tensor | None, window: int, T: int, device: torch.de
         return allowed  # the window covers the whole row
     i = torch.arange(T, device=device)
     band = (i[:, None] - i[None, :]).abs() <= window // 2  # (T, T)
-    return band if allowed is None else allowed & band
+    if allowed is None:
+        return band
+    # A padding query farther than window/2 from every real token would see nothing: it sees
+    # itself (CUDA's memory-efficient kernel gives NaN for an empty row, which spreads).
+    return (allowed & band) | torch.eye(T, dtype=torch.bool, device=device)
+
+
+def probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The attention weights (B, heads, T, T) SDPA applies to q, k (B, heads, T, D) under `mask`."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)

@@ -36,10 +36,14 @@ def init_modern(model: nn.Module, cfg: BertConfig) -> None:
     """ModernBERT's initialisation: normal(0, std) truncated at 2 std; the layers that write into
     the residual stream (attention out, feed-forward out) and the heads' dense layers at
     std / sqrt(2 layers), so the stream's variance does not grow with depth; task classifiers at
-    hidden^-1/2 (transformers' ModernBertPreTrainedModel._init_weights)."""
+    hidden^-1/2 (transformers' ModernBertPreTrainedModel._init_weights); zero biases (heads)."""
     out = cfg.init_std / math.sqrt(2.0 * cfg.layers)
     for name, m in model.named_modules():
-        if not isinstance(m, (nn.Linear, nn.Embedding)) or name == "mlm.decoder":
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if not isinstance(m, (nn.Linear, nn.Embedding)):
             continue
         std = cfg.init_std
         if name.endswith(("attn.out", "ff_out", "pooler.dense", "mlm.dense", "head.dense")):
@@ -80,10 +84,11 @@ def build_model(cfg: BertConfig, head: str = "pretraining", num_labels: int = 0,
     if head not in builders:
         raise ValueError(f"unknown head {head!r} (heads: {', '.join(builders)})")
     model = builders[head]()
-    init_weights(model, cfg.init_std)
     if cfg.arch == "modern":
-        init_modern(model, cfg)  # rotary positions: position_init does not apply
-    elif cfg.position_init == "sinusoidal":
+        init_modern(model, cfg)
+        return model
+    init_weights(model, cfg.init_std)
+    if cfg.position_init == "sinusoidal":
         # Random positions give near-uniform attention: every token first sees a bag of words.
         # Sinusoids (at the scale of the token embeddings, so they don't drown them) hand
         # attention a distance signal from the first step.

@@ -29,7 +29,7 @@ from components.data.tokenizer import (
     transformers_files,
     write_vocab,
 )
-from components.model.build import init_weights
+from components.model.build import build_model
 from components.model.checkpoint_tokenizer import checkpoint_tokenizer
 from components.model.config import BertConfig
 from components.model.folders import load_pretraining_model, read_weights
@@ -41,7 +41,6 @@ from components.model.hf_layout import (
     normalize_hf_names,
 )
 from components.model.metadata import CheckpointInfo, write_info
-from components.model.pretraining import BertForPretraining
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +69,7 @@ def load_checkpoint(folder: Path, cfg: BertConfig):
     if not config.exists():  # a pre-norm encoder of ours: our own names, every head present
         return load_pretraining_model(folder, cfg), []
     state = normalize_hf_names(read_weights(weights))
-    model = BertForPretraining(cfg)
-    init_weights(model, cfg.init_std)
+    model = build_model(cfg)  # the heads it lacks keep this initialisation (the arch's own)
     shapes = (f"hidden_size={cfg.hidden}, num_hidden_layers={cfg.layers}, "
               f"intermediate_size={cfg.intermediate}, vocab_size={cfg.vocab_size}, "
               f"max_position_embeddings={cfg.max_position}")

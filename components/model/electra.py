@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.model.attention_mask import attention_allowed
 from components.model.build import init_weights
 from components.model.config import IGNORE, BertConfig
 from components.model.encoder import Block, Encoder
@@ -82,7 +83,8 @@ class ElectraForPretraining(nn.Module):
                 next_sentence_label: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         embeddings = self.disc.encoder.embeddings
-        mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
+        # the discriminator's own mask: padding, and packed documents kept apart
+        mask = attention_allowed(input_ids.shape[1], input_ids.device, attention_mask, position_ids)
         hidden = self.gen(embeddings(input_ids, token_type_ids, position_ids), mask)  # (B, T, G)
         selected = mlm_labels != IGNORE  # (B, T)
         targets = mlm_labels[selected]  # (N,)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.model import modern
-from components.model.attention_mask import attention_allowed
+from components.model.attention_mask import attention_allowed, probabilities
 from components.model.config import BertConfig
 
 
@@ -50,8 +50,7 @@ class SelfAttention(nn.Module):
         """The attention weights (B, heads, T, T) that forward's SDPA applies without returning."""
         B, T, H = x.shape
         q, k, _ = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-1, -2) / (H // self.heads) ** 0.5
-        return (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
+        return probabilities(q, k, mask)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape

@@ -54,13 +54,27 @@ def hf_modern_config(cfg: BertConfig, architecture: str = "ModernBertForMaskedLM
     }
 
 
+# What our modern encoder is; a checkpoint that differs would load and compute something else.
+FIXED = {"hidden_activation": "gelu", "attention_bias": False, "mlp_bias": False, "norm_bias": False}
+
+
 def config_from_hf_modern(hf: dict) -> BertConfig:
-    """Our modern BertConfig from a ModernBERT config.json (KeyError for a missing shape key)."""
+    """Our modern BertConfig from a ModernBERT config.json (KeyError: a missing shape key;
+    ValueError: a ModernBERT this encoder is not)."""
+    for key, ours in FIXED.items():
+        if hf.get(key, ours) != ours:
+            raise ValueError(f"{key} is {hf[key]!r}; this pipeline's modern encoder has {key}: {ours}")
     rope = hf.get("rope_parameters") or {}
+    if any(r.get("rope_type", "default") != "default" for r in rope.values()):
+        raise ValueError("rope_parameters has a rope_type other than default (scaled RoPE)")
+    if hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
+        raise ValueError(f"head_dim is {hf['head_dim']}, not hidden_size / num_attention_heads")
     every = hf.get("global_attn_every_n_layers", 3)
-    types = hf.get("layer_types")
-    if types and [t == "full_attention" for t in types] != [i % every == 0 for i in range(len(types))]:
-        raise ValueError("layer_types is not one global layer every global_attn_every_n_layers")
+    if types := hf.get("layer_types"):  # transformers >= 5 writes the pattern out
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        every = full[1] - full[0] if len(full) > 1 else len(types)
+        if [t == "full_attention" for t in types] != [i % every == 0 for i in range(len(types))]:
+            raise ValueError("layer_types is not one global layer every n layers from the first")
     return BertConfig(
         arch="modern", vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
         layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.model.attention_mask import attention_allowed, windowed
+from components.model.attention_mask import attention_allowed, probabilities, windowed
 from components.model.config import BertConfig
 
 
@@ -33,7 +33,8 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions[..., None].float() * self.inv_freq  # (B or 1, T, D/2)
+        # fp32 whatever the module's precision: bf16 angles lose the far positions.
+        angles = positions[..., None].float() * self.inv_freq.float()  # (B or 1, T, D/2)
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B or 1, 1, T, D)
         return angles.cos(), angles.sin()
 
@@ -63,8 +64,7 @@ class Attention(nn.Module):
                       mask: torch.Tensor | None) -> torch.Tensor:
         """The attention weights (B, heads, T, T) that forward's SDPA applies without returning."""
         q, k, _ = self._qkv(x, rope)
-        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-        return (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
+        return probabilities(q, k, mask)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None) -> torch.Tensor:

@@ -68,6 +68,9 @@ def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
         raise DataError(f"pretrain: the checkpoint {checkpoint.init_from} has a vocabulary of "
                         f"{bert.vocab_size} but the tokenizer has {vocab_size} tokens; rerun the "
                         f"tokenizer stage, which takes the checkpoint's tokenizer")
+    if bert.arch == "modern" and cfg.objective == "electra":
+        raise DataError(f"pretrain: the checkpoint {checkpoint.init_from} is a ModernBERT; "
+                        "pretrain.objective electra needs a classic (BERT) encoder")
     log.info("pretrain: continuing %s (%d layers x %d hidden); model.preset (%s) and "
              "embedding_init do not apply", checkpoint.init_from, bert.layers, bert.hidden,
              model.preset)
