@@ -185,10 +185,18 @@ def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
 
     repo = make_task_project(tmp_path / "project", TASKS, model={"arch": "modern", "local_window": 16},
                              pairs={"mode": "packing"},
-                             pretrain={"packed_attention": "within", "mlm_probability": 0.3})
+                             pretrain={"packed_attention": "within", "mlm_probability": 0.3},
+                             finetune={"init": ["pretrained", "adapted"]}, adapt={"steps": 10})
     run_cli("bertflow", "run", cwd=repo)
     encoder = json.loads((repo / "data/models/encoder/config.json").read_text())
     assert encoder["model_type"] == "modernbert"
+    fits = json.loads((repo / "metrics/ner/finetune_stats.json").read_text())["fits"]
+    assert set(fits) == {"pretrained-s1", "adapted-s1"}
+    # The tools that look inside the encoder read it too.
+    assert len(run_cli("bertflow", "fill-mask", "the film was [MASK] .", cwd=repo).stdout.split()) == 10
+    run_cli("bertflow", "embed", "--text", "a film", "--out", str(tmp_path / "e.npy"), cwd=repo)
+    run_cli("bertflow", "attention", "the film was long", "--out", str(tmp_path / "a.png"), cwd=repo)
+    assert (tmp_path / "a.png").exists() and (tmp_path / "e.npy").exists()
     texts = ["the film number 11 was great", "the film number 12 was awful"]
     offline = [json.loads(line) for line in run_cli("bertflow", "predict", "reviews", "--text", texts[0],
                                                     "--text", texts[1], cwd=repo).stdout.splitlines()]
