@@ -186,11 +186,12 @@ def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
     repo = make_task_project(tmp_path / "project", TASKS, model={"arch": "modern", "local_window": 16},
                              pairs={"mode": "packing"},
                              pretrain={"packed_attention": "within", "mlm_probability": 0.3},
-                             finetune={"init": ["pretrained", "adapted"]}, adapt={"steps": 10})
+                             finetune={"init": ["pretrained", "adapted"]},
+                             adapt={"steps": 10, "batch_size": 4, "max_seq_len": 32})
     run_cli("bertflow", "run", cwd=repo)
     encoder = json.loads((repo / "data/models/encoder/config.json").read_text())
     assert encoder["model_type"] == "modernbert"
-    fits = json.loads((repo / "metrics/ner/finetune_stats.json").read_text())["fits"]
+    fits = json.loads((repo / "metrics/tasks/ner/finetune_stats.json").read_text())["fits"]
     assert set(fits) == {"pretrained-s1", "adapted-s1"}
     # The tools that look inside the encoder read it too.
     assert len(run_cli("bertflow", "fill-mask", "the film was [MASK] .", cwd=repo).stdout.split()) == 10
