@@ -1,6 +1,7 @@
 """What share of the tokens a pretraining batch computes are padding: the default's NSP pairs
-(Google's target lengths, 10% of them short) against whole documents packed to the full length
-(pairs.mode packing, as params-modern.yaml trains), from the same clean corpus and tokenizer.
+(Google's target lengths, 10% of them short), whole sentences packed (pairs.mode packing,
+RoBERTa's) and the documents' tokens streamed into full rows (stream, as params-modern.yaml
+trains), from the same clean corpus and tokenizer.
 
 Both are built here in a temporary folder by the pairs stage's own code, then streamed as the
 pretrain stage streams them (PairBatches: each batch padded to its longest row).
@@ -48,7 +49,7 @@ def main() -> None:
     masker = Masker(masking_spec(p.pretrain, tokenizer))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("nsp", "packing"):
+        for mode in ("nsp", "packing", "stream"):
             pairs = p.pairs.model_copy(update={"mode": mode})
             make_pairs(pairs, p.executor, clean, tokenizer, Path(tmp) / mode)
             share, length = padding_share(Path(tmp) / mode, p.pretrain.batch_size, masker, args.batches)
@@ -63,9 +64,9 @@ def main() -> None:
         "|---|---|---|",
         *rows,
         "",
-        "Packed rows are full but for a shard's last one; with `pretrain.packed_attention: within` "
-        "their documents attend only within themselves, so packing costs no cross-document "
-        "attention either.",
+        "`packing` keeps sentences whole, so a row ends short by part of the sentence that does "
+        "not fit; `stream` rows are full but for a shard's last one. With "
+        "`pretrain.packed_attention: within` the documents in a row attend only within themselves.",
         "",
     ])
     print(text)

@@ -184,7 +184,7 @@ def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
     from tests.test_lifecycle import _env, _free_port, _start, _stop
 
     repo = make_task_project(tmp_path / "project", TASKS, model={"arch": "modern", "local_window": 16},
-                             pairs={"mode": "packing"},
+                             pairs={"mode": "stream"},
                              pretrain={"packed_attention": "within", "mlm_probability": 0.3},
                              finetune={"init": ["pretrained", "adapted"]},
                              adapt={"steps": 10, "batch_size": 4, "max_seq_len": 32})

@@ -261,6 +261,21 @@ def test_packing_mode(stages_dir, tmp_path):
         [100] + [2] * 10 + [101] + [3] * 3 + [101] + [4, 4, 5, 5] + [101]
 
 
+def test_stream_mode_fills_every_row_and_loses_nothing(stages_dir, tmp_path):
+    from components.data.pairs import stream_documents
+
+    docs = [[[1] * 5, [2] * 70], [[3] * 3], [[4] * 2, [5] * 2]]
+    rows = [a for a, _, _ in stream_documents(docs, 32)]
+    assert [len(a) for a in rows[:-1]] == [30, 30]  # full rows; boundaries never at an end
+    assert all(a[0] != -1 and a[-1] != -1 for a in rows)
+    assert [t for a in rows for t in a] == [1] * 5 + [2] * 70 + [-1] + [3] * 3 + [-1] + [4] * 2 + [5] * 2
+    make_pairs(section(PairsConfig, mode="stream", max_seq_len=64), SERIAL, stages_dir / "clean",
+               stages_dir / "tokenizer", tmp_path / "p")
+    table = pq.read_table(list_shards(tmp_path / "p" / "train")[0])
+    lengths = [len(x) for x in table["input_ids"].to_pylist()]
+    assert sorted(lengths)[1] >= 63  # every row full but the shard's last (less one dropped boundary)
+
+
 def test_pairs_suite_names_each_broken_rule(tmp_path):
     good = to_table([([10, 11], [12], 0), ([13], [14, 15], 1)], cls_id=2, sep_id=3)
     validation.check_pairs_shard(good, cls_id=2, sep_id=3, vocab_size=16, max_seq_len=8, nsp=True,

@@ -156,7 +156,8 @@ class TokenizerConfig(Section):
 
 class PairsConfig(Section):
     """Stage `pairs`: pretraining instances (Google's NSP algorithm, ALBERT's SOP, or packing)."""
-    mode: Literal["nsp", "sop", "packing"] = doc("Is-next or random B; two segments maybe swapped; no pairs.")
+    mode: Literal["nsp", "sop", "packing", "stream"] = doc(
+        "Is-next or random B; two segments maybe swapped; whole sentences packed; rows filled.")
     max_seq_len: AtLeast8 = doc("Tokens per instance, [CLS] and [SEP] included.")
     short_seq_prob: Share = doc("Probability of a shorter random target length, as in Google's script.")
     balance_nsp: bool = doc("Offset the random Bs that one-sentence chunks force: NSP labels stay 50/50.")
@@ -208,7 +209,7 @@ class PretrainConfig(Section):
     masking: Literal["token", "whole_word", "span"] = doc("Token, whole-word or SpanBERT span masking.")
     random_token: Literal["uniform", "unigram"] = doc("The 10% random tokens: uniform or by frequency.")
     packed_attention: Literal["across", "within"] = doc(
-        "pairs.mode packing: attention crosses documents (RoBERTa) or stays in each (ModernBERT).")
+        "pairs.mode packing/stream: attention crosses documents (RoBERTa) or stays in each.")
     static_masking: bool = doc("Google's static masks (one per instance for every epoch); else fresh.")
     span_boundary_objective: bool = doc("With span masking, add SpanBERT's span-boundary objective.")
     position_init: Literal["random", "sinusoidal"] = doc("Learned positions start random or as sinusoids.")

@@ -24,7 +24,10 @@ chunk, which NSP must pair with another document, is cut at a random token inste
 own script still draws a random document there, which would put NSP's topic cue back in.
 
 `packing` mode (RoBERTa FULL-SENTENCES): contiguous sentences packed to max_seq_len across
-document boundaries, a [SEP] between documents, no NSP (label -1).
+document boundaries, a [SEP] between documents, no NSP (label -1). Whole sentences leave a row
+short by part of one (17% of the default's positions are padding: benchmarks/padding.py).
+`stream` mode (ModernBERT's unpadded packing): the documents' tokens, a [SEP] after each, fill
+every row to max_seq_len; a document cut where a row ends goes on in the next.
 
 Output: `{train,heldout}/part-*.parquet` with input_ids list<int32>, token_type_ids list<int8>,
 next_sentence_label int8 (0: B follows A, 1: B is random (NSP) or the two are swapped (SOP), as
@@ -212,6 +215,22 @@ def pack_documents(docs: list[Document], max_seq_len: int) -> list[Instance]:
     return out
 
 
+def stream_documents(docs: list[Document], max_seq_len: int) -> list[Instance]:
+    """Every document's tokens in order, a boundary (id -1) after each but the last, cut into
+    rows of max_seq_len - 2 (the last row shorter); no row starts or ends on a boundary."""
+    budget = max_seq_len - 2  # [CLS] ... [SEP]
+    stream: list[int] = []
+    for doc in docs:
+        if stream:
+            stream.append(-1)
+        for sentence in doc:
+            stream.extend(sentence)
+    rows = (stream[i:i + budget] for i in range(0, len(stream), budget))
+    # A row's own [SEP] closes its last document: a boundary at either end would double it.
+    trimmed = (row[row[0] == -1:len(row) - (row[-1] == -1)] for row in rows)
+    return [(row, [], -1) for row in trimmed if row]
+
+
 def to_table(instances: list[Instance], cls_id: int, sep_id: int) -> pa.Table:
     """Instances -> Arrow table of the pairs contract, built from flat numpy arrays."""
     n = len(instances)
@@ -288,8 +307,10 @@ def _pairs_shard(task: _ShardTask) -> Counter:
         elif cfg.mode == "sop":
             for doc in docs:
                 instances.extend(sop_instances_from_document(doc, cfg, rng, counts))
-        else:
+        elif cfg.mode == "packing":
             instances.extend(pack_documents(docs, cfg.max_seq_len))
+        else:
+            instances.extend(stream_documents(docs, cfg.max_seq_len))
     rng.shuffle(instances)
     table = to_table(instances, cls_id, sep_id)
     pq.write_table(table, task.dst, row_group_size=8192)
@@ -326,7 +347,7 @@ def make_pairs(cfg: PairsConfig, executor: ExecutorConfig, clean_dir: Path, toke
                     validation.check_pairs_shard(
                         pq.read_table(task.dst), cls_id=tok.token_to_id(CLS),
                         sep_id=tok.token_to_id(SEP), vocab_size=vocab_size,
-                        max_seq_len=cfg.max_seq_len, nsp=cfg.mode != "packing",
+                        max_seq_len=cfg.max_seq_len, nsp=cfg.mode in ("nsp", "sop"),
                         where=out_dir / split / task.dst.name)
             if counts["instances"] == 0:
                 raise DataError(f"pairs: no {split} instances from {clean_dir / split}")
