@@ -31,7 +31,7 @@ from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
 from components.model.build import build_model  # noqa: E402
 from components.model.config import IGNORE, BertConfig  # noqa: E402
-from components.model.hf_modern import hf_modern_config  # noqa: E402
+from components.model.hf_layout import hf_config  # noqa: E402
 from components.model.pretraining import count_flops_per_token  # noqa: E402
 from components.training.common import has_amx  # noqa: E402
 
@@ -63,12 +63,9 @@ def transformers_twin(cfg: BertConfig):
     from transformers import BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM
 
     if cfg.arch == "modern":
-        hf = ModernBertConfig(**{**hf_modern_config(cfg), "sparse_prediction": True})
+        hf = ModernBertConfig(**{**hf_config(cfg), "sparse_prediction": True})
         return ModernBertForMaskedLM._from_config(hf, attn_implementation="sdpa")
-    hf = HFBert(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-                num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate,
-                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
-    return BertForPreTraining._from_config(hf, attn_implementation="sdpa")
+    return BertForPreTraining._from_config(HFBert(**hf_config(cfg)), attn_implementation="sdpa")
 
 
 def pair_steps(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bool, device: str = "cpu"):

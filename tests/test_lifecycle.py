@@ -251,6 +251,17 @@ def _env(**extra: str) -> dict:
     return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **extra}
 
 
+def serve_champion(repo: Path, task: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """`mlflow models serve` of the task's champion from the project's store, answering; the
+    server (stop it with _stop) and its /invocations URL."""
+    port = _free_port()
+    server = _start(["mlflow", "models", "serve", "-m", f"models:/{task}@champion", "--env-manager",
+                     "local", "-h", "127.0.0.1", "-p", str(port)], repo,
+                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}"),
+                    f"http://127.0.0.1:{port}/ping", log)
+    return server, f"http://127.0.0.1:{port}/invocations"
+
+
 def test_rest_serving_answers_as_predict_does_and_bad_requests_get_400(project, tmp_path):
     import httpx
 
@@ -258,13 +269,8 @@ def test_rest_serving_answers_as_predict_does_and_bad_requests_get_400(project, 
     args = [a for t in texts for a in ("--text", t)]
     offline = [json.loads(line) for line in
                run_cli("bertflow", "predict", "reviews", *args, cwd=project).stdout.splitlines()]
-    port = _free_port()
-    server = _start(["mlflow", "models", "serve", "-m", "models:/reviews@champion", "--env-manager",
-                     "local", "-h", "127.0.0.1", "-p", str(port)], project,
-                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}"),
-                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    server, url = serve_champion(project, "reviews", tmp_path / "serve.log")
     try:
-        url = f"http://127.0.0.1:{port}/invocations"
         served = httpx.post(url, json={"dataframe_records": [{"text": t} for t in texts]}, timeout=60)
         assert served.status_code == 200
         for got, want in zip(served.json()["predictions"], offline, strict=True):

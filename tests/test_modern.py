@@ -179,7 +179,7 @@ def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
     import httpx
     from transformers import pipeline
 
-    from tests.test_lifecycle import _env, _free_port, _start, _stop
+    from tests.test_lifecycle import _stop, serve_champion
 
     repo = make_task_project(tmp_path / "project", TASKS, model={"arch": "modern", "local_window": 16},
                              pairs={"mode": "stream"},
@@ -200,15 +200,10 @@ def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
     offline = [json.loads(line) for line in run_cli("bertflow", "predict", "reviews", "--text", texts[0],
                                                     "--text", texts[1], cwd=repo).stdout.splitlines()]
     assert [o["label"] for o in offline] == ["pos", "neg"]
-    port = _free_port()
-    server = _start(["mlflow", "models", "serve", "-m", "models:/ner@champion", "--env-manager", "local",
-                     "-h", "127.0.0.1", "-p", str(port)], repo,
-                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}"),
-                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    server, url = serve_champion(repo, "ner", tmp_path / "serve.log")
     try:
         words = "Smith visited London".split()
-        served = httpx.post(f"http://127.0.0.1:{port}/invocations",
-                            json={"dataframe_records": [{"tokens": words}]}, timeout=60)
+        served = httpx.post(url, json={"dataframe_records": [{"tokens": words}]}, timeout=60)
         assert served.status_code == 200 and len(served.json()["predictions"][0]["tags"]) == 3
     finally:
         _stop(server)

@@ -233,7 +233,7 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     from mlflow.tracking import MlflowClient
 
     from tests.test_finetune import _user_files
-    from tests.test_lifecycle import _env, _free_port, _start, _stop
+    from tests.test_lifecycle import _stop, serve_champion
 
     repo = dvc_project
     _user_files(repo / "data" / "user" / "tasks")
@@ -272,14 +272,9 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     answer = json.loads(run_cli("bertflow", "predict", "pos", "--text", text, cwd=repo).stdout)
     assert answer["tokens"] == text.split() and answer["tags"] == ["DET", "ADJ", "NOUN", "VERB"]
     assert "entities" not in answer  # plain tags name no entities
-    port = _free_port()
-    server = _start(["mlflow", "models", "serve", "-m", "models:/pos@champion", "--env-manager", "local",
-                     "-h", "127.0.0.1", "-p", str(port)], repo,
-                    _env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}"),
-                    f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
+    server, url = serve_champion(repo, "pos", tmp_path / "serve.log")
     try:
-        served = httpx.post(f"http://127.0.0.1:{port}/invocations",
-                            json={"dataframe_records": [{"text": text}]}, timeout=60)
+        served = httpx.post(url, json={"dataframe_records": [{"text": text}]}, timeout=60)
     finally:
         _stop(server)
     assert served.status_code == 200

@@ -18,7 +18,7 @@ def documents(position_ids: torch.Tensor) -> torch.Tensor:
 
 
 def attention_allowed(T: int, device: torch.device, padding: torch.Tensor | None,
-                   position_ids: torch.Tensor | None) -> torch.Tensor | None:
+                      position_ids: torch.Tensor | None) -> torch.Tensor | None:
     """Padding keys hidden ((B, 1, 1, T)); with several documents in a row, a (B, 1, T, T)
     block-diagonal mask keeps each within its own. None: every position may attend to all."""
     allowed = None

@@ -124,10 +124,7 @@ def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]
         for kind in ("weight", "bias"):
             fused, split = _qkv(i, kind)
             names.update({f"{fused}#{j}": hf for j, hf in enumerate(split)})
-    missing = [hf for ours, hf in names.items() if ours.startswith("encoder.") and hf not in state]
-    if missing:
-        raise KeyError(f"the encoder is incomplete: no {', '.join(missing[:3])}"
-                       f"{' ...' if len(missing) > 3 else ''}")
+    _require_encoder(names, state)
     fresh = sorted({ours.split(".")[0] for ours, hf in names.items() if hf not in state})
     new = {ours: state[hf] for ours, hf in names.items()
            if "#" not in ours and ours.split(".")[0] not in fresh}
@@ -142,14 +139,19 @@ def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]
     return fresh + (["sbo"] if model.sbo is not None else [])
 
 
-def _load_modern(model: BertForPretraining, state: dict[str, torch.Tensor]) -> list[str]:
-    """load_hf_state_dict for ModernBertForMaskedLM's names: the pooler and NSP head are never
-    there (fine-tuning starts its heads from the MLM head's transform, as transformers does)."""
-    names = modern_names(model.cfg)
+def _require_encoder(names: dict[str, str], state: dict[str, torch.Tensor]) -> None:
+    """KeyError naming the first encoder tensors (ours -> transformers' `names`) `state` lacks."""
     missing = [hf for ours, hf in names.items() if ours.startswith("encoder.") and hf not in state]
     if missing:
         raise KeyError(f"the encoder is incomplete: no {', '.join(missing[:3])}"
                        f"{' ...' if len(missing) > 3 else ''}")
+
+
+def _load_modern(model: BertForPretraining, state: dict[str, torch.Tensor]) -> list[str]:
+    """load_hf_state_dict for ModernBertForMaskedLM's names: the pooler and NSP head are never
+    there (fine-tuning starts its heads from the MLM head's transform, as transformers does)."""
+    names = modern_names(model.cfg)
+    _require_encoder(names, state)
     fresh = sorted({"pooler", "nsp"} | {ours.split(".")[0] for ours, hf in names.items() if hf not in state})
     new = {ours: state[hf] for ours, hf in names.items() if ours.split(".")[0] not in fresh}
     if "mlm" not in fresh:

@@ -12,13 +12,13 @@ from components.model.config import BertConfig
 MODEL_TYPE = "modernbert"
 
 
-def hf_modern_config(cfg: BertConfig, architecture: str = "ModernBertForMaskedLM") -> dict:
+def hf_modern_config(cfg: BertConfig) -> dict:
     """config.json of transformers' ModernBERT for this shape (the per-layer-type RoPE bases as
     transformers >= 5 reads them, and the flat keys older versions read)."""
     layer_types = ["full_attention" if i % cfg.global_every == 0 else "sliding_attention"
                    for i in range(cfg.layers)]
     return {
-        "architectures": [architecture],
+        "architectures": ["ModernBertForMaskedLM"],
         "model_type": MODEL_TYPE,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden,

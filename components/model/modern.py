@@ -41,8 +41,9 @@ class Rotary(nn.Module):
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, heads, T, D) turned by its positions' angles, in fp32 (as transformers) then back."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+    full = x.float()
+    x1, x2 = full.chunk(2, dim=-1)
+    return (full * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):

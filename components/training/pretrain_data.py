@@ -179,7 +179,8 @@ class PairBatches(IterableDataset):
 
 def document_positions(input_ids: torch.Tensor, sep_id: int, packed: torch.Tensor) -> torch.Tensor:
     """(B, T) position ids that restart at 0 after every [SEP] of the `packed` rows ((B,) bool)
-    and count on in the others; the encoder reads a restart as a new document (model/modern.py)."""
+    and count on in the others; the encoders read a restart as a new document
+    (model/attention_mask.py)."""
     B, T = input_ids.shape
     index = torch.arange(T).expand(B, T)
     starts = torch.zeros(B, T, dtype=torch.bool)
