@@ -18,6 +18,28 @@ def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
     return torch.optim.AdamW(decay_groups(params, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused)
 
 
+def clip_grad_norm(module, optimizer: torch.optim.Optimizer, max_norm: float | None) -> None:
+    """Clip the gradients' global norm to `max_norm` (None or 0: off): what both LightningModules'
+    configure_gradient_clipping does. Lightning's own clipping refuses the fused AdamW under
+    mixed precision (for fear of fp16's gradient scaler, which the fused step applies itself) and
+    refuses FSDP outright. Here bf16 needs nothing, fp16's scaler unscales first (its step then
+    skips the fused unscaling), and FSDP clips through its root module, which sees every shard."""
+    if not max_norm:
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    trainer = module.trainer
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+    if isinstance(trainer.model, FullyShardedDataParallel):
+        trainer.model.clip_grad_norm_(max_norm)
+    else:
+        # the optimizer's parameters in its order, as Lightning clips: the same float sums
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
 def decay_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict]:
     """AdamW's parameter groups as BERT's: weight decay on the matrices, none on biases and
     LayerNorm (the 1-d parameters)."""

@@ -23,7 +23,7 @@ from components.model.decoding import SPAN_INPUTS, predict, predictions_table, w
 from components.model.folders import load_pretraining_model
 from components.model.inputs import Encoded
 from components.model.modern import PredictionHead
-from components.training.common import adamw, optimizer_config
+from components.training.common import adamw, clip_grad_norm, optimizer_config
 
 
 @dataclass(frozen=True)
@@ -144,3 +144,6 @@ class FinetuneModule(L.LightningModule):
         optimizer = adamw((p for p in self.model.parameters() if p.requires_grad), self.spec.lr,
                           self.cfg.weight_decay)
         return optimizer_config(optimizer, max(1, total // 10), total)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        clip_grad_norm(self, optimizer, gradient_clip_val)

@@ -21,7 +21,7 @@ from components.core.config import PretrainConfig
 from components.core.seeds import mix
 from components.model.masking import Masker
 from components.model.pretraining import BertForPretraining
-from components.training.common import optimizer_config
+from components.training.common import clip_grad_norm, optimizer_config
 from components.training.pretrain_data import PairBatches
 
 
@@ -137,6 +137,9 @@ class PretrainModule(L.LightningModule):
     def configure_optimizers(self):
         return optimizer_config(self.make_optimizer(self.model.parameters()), self.cfg.warmup_steps,
                                 self.cfg.max_steps)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        clip_grad_norm(self, optimizer, gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["bertflow"] = {"history": self.history, "tokens_seen": self.tokens_seen}
