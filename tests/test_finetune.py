@@ -171,6 +171,61 @@ def test_crf_viterbi_is_the_best_path_and_nll_normalises():
         assert total == pytest.approx(1.0, rel=1e-4)
 
 
+BIO = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def _valid(path: list[str]) -> bool:
+    """What a BIO reader accepts: each I-X right after a B-X or an I-X."""
+    return all(t[:2] != "I-" or (i and path[i - 1][2:] == t[2:] and path[i - 1] != "O")
+               for i, t in enumerate(path))
+
+
+def test_bio_forbidden_marks_what_no_bio_reader_accepts():
+    from components.model.decoding import bio_forbidden
+
+    start, moves = bio_forbidden(BIO)
+    assert [t for t, s in zip(BIO, start.tolist(), strict=True) if s == float("-inf")] == ["I-PER", "I-LOC"]
+    allowed = {(a, b) for i, a in enumerate(BIO) for j, b in enumerate(BIO) if moves[i, j] == 0}
+    assert {(a, b) for a, b in allowed if b == "I-PER"} == {("B-PER", "I-PER"), ("I-PER", "I-PER")}
+    assert all((a, b) in allowed for a in BIO for b in BIO if b[:2] != "I-")
+    assert bio_forbidden(["NN", "VB", "DT"]) is None and bio_forbidden(["O", "B-X"]) is None
+
+
+@pytest.mark.parametrize("with_crf", [False, True])
+def test_valid_decoding_is_the_best_sequence_a_bio_reader_accepts(with_crf):
+    """Brute force over every tag sequence: `valid` decoding finds the best valid one, where
+    `free` decoding (each word's argmax, or the CRF's unconstrained path) is often invalid."""
+    from components.model.decoding import word_tags
+    from components.model.heads import CRF
+
+    torch.manual_seed(0)
+    crf = CRF(len(BIO)) if with_crf else None
+    if crf is not None:
+        with torch.no_grad():
+            for p in crf.parameters():
+                p.normal_()
+    B, W = 40, 4
+    emissions = 3 * torch.randn(B, W, len(BIO))  # one subword per word: T = W
+    word_first = torch.arange(W).expand(B, W).clone()
+    word_first[1, 3] = -1  # a row with a word cut by truncation
+    n_words = [W] * B
+
+    def score(b: int, path: tuple[int, ...]) -> float:
+        if crf is None:
+            return float(emissions[b].log_softmax(-1)[range(len(path)), list(path)].sum())
+        s = crf.start[path[0]] + crf.end[path[-1]] + sum(emissions[b, w, t] for w, t in enumerate(path))
+        return float(s + sum(crf.transitions[a, c] for a, c in itertools.pairwise(path)))
+
+    valid = word_tags(emissions, word_first, n_words, BIO, crf, "valid")
+    free = word_tags(emissions, word_first, n_words, BIO, crf, "free")
+    for b in range(B):
+        n = int((word_first[b] >= 0).sum())
+        paths = [p for p in itertools.product(range(len(BIO)), repeat=n) if _valid([BIO[t] for t in p])]
+        best = max(paths, key=lambda p: score(b, p))
+        assert valid[b] == [BIO[t] for t in best] + ["O"] * (W - n)
+    assert sum(not _valid(p) for p in free) > 0  # the test's emissions do make invalid paths
+
+
 # ------------------------------------------------------------------ every kind, end to end
 
 def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
@@ -297,7 +352,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
         examples = encode(test, task.kind, load(model_dir / "model"), info.labels, info.max_seq_len,
                           task.long_text, max_span_words=task.max_span_words, scheme=info.scheme,
                           chunk_overlap=task.chunk_overlap)
-        again = predict(model, task.kind, examples, info.space, 16, task.span_decoding, info.threshold)
+        again = predict(model, task.kind, examples, info.space, 16, task.span_decoding, info.threshold,
+                        task.tag_decoding)
         if arch == "modern" and task.kind != "span" and not crf:
             _same_logits_in_transformers(model, model_dir / "model", tmp_path / "hf" / name, examples)
         saved = pa.parquet.read_table(model_dir / "fits" / "pretrained-s1.parquet").to_pylist()
@@ -305,6 +361,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
             assert [p[0] for p in again] == [r["pred"] for r in saved]
         elif task.kind == "token":
             assert again == [r["pred_tags"] for r in saved]
+            assert info.scheme == "plain" or all(map(_valid, again))  # tag_decoding's default: valid
         else:
             assert [[s[:3] for s in row] for row in again] == \
                 [[(s["start"], s["end"], s["label"]) for s in r["pred_spans"]] for r in saved]

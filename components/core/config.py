@@ -269,6 +269,8 @@ class TaskConfig(Section):
     lr_grid: Rates = doc("Rates to choose from on validation; empty: lr, else finetune's.", [])
     max_span_words: AtLeast1 = doc("Span tasks: the longest span (in words) that is enumerated.", 8)
     span_decoding: Literal["nested", "greedy"] = doc("Span tasks: all spans, or non-overlapping.", "nested")
+    tag_decoding: Literal["valid", "free"] = doc("BIO token tasks: only sequences a BIO reader accepts, "
+                                                 "or each word's own best tag.", "valid")
 
     @checks
     def _rate(self) -> None:

@@ -117,7 +117,8 @@ def predict_rows(tm: TaskModel, rows: list[dict], batch_size: int = 64) -> list[
     examples = encode(table, tm.kind, tm.tokenizer, info.labels, info.max_seq_len,
                       label_subwords=info.label_subwords, max_span_words=task.max_span_words,
                       scheme=info.scheme)
-    found = predict(tm.model, tm.kind, examples, info.space, batch_size, task.span_decoding, info.threshold)
+    found = predict(tm.model, tm.kind, examples, info.space, batch_size, task.span_decoding, info.threshold,
+                    task.tag_decoding)
     if tm.kind == "token" and info.scheme == "plain":
         return [{"tokens": w, "tags": tags} for (w, _, _), tags in zip(words, found, strict=True)]
     if tm.kind == "token":

@@ -9,6 +9,7 @@ import pyarrow as pa
 import torch
 
 from components.model.config import IGNORE
+from components.model.heads import viterbi
 from components.model.inputs import Encoded, collate, length_batches
 
 SPAN_INPUTS = ("span_start", "span_end", "span_width")
@@ -21,13 +22,35 @@ def word_emissions(emissions: torch.Tensor, word_first: torch.Tensor) -> tuple[t
     return emissions[rows, word_first.clamp(min=0)], word_first >= 0
 
 
+def bio_forbidden(space: list[str]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What no BIO reader accepts, as Viterbi score offsets: (start (C,), transitions (C from,
+    C to)), -inf where a sequence may not start with a tag (I-X) or a tag may not follow another
+    (I-X after anything but B-X or I-X), 0 elsewhere; None if `space` is not BIO tags."""
+    if not all(t == "O" or t[:2] in ("B-", "I-") for t in space) or not any(t[:2] == "I-" for t in space):
+        return None
+    inside = torch.tensor([t[:2] == "I-" for t in space])  # (C,)
+    kind = [t[2:] for t in space]
+    follows = torch.tensor([[t != "O" and kind[a] == kind[b] for b in range(len(space))]
+                            for a, t in enumerate(space)])  # (C from, C to): same entity type
+    no = torch.tensor(float("-inf"))
+    return (torch.where(inside, no, 0.0), torch.where(inside[None, :] & ~follows, no, 0.0))
+
+
 def word_tags(emissions: torch.Tensor, word_first: torch.Tensor, n_words: list[int],
-              space: list[str], crf=None) -> list[list[str]]:
-    """Word-level tags: the first subword's argmax (or the CRF's Viterbi path) per word; words
-    cut by truncation get the space's first tag (O; plain tags: the most frequent in train)."""
-    per_word, kept = word_emissions(emissions, word_first)  # (B, W, C), (B, W)
+              space: list[str], crf=None, tag_decoding: str = "free") -> list[list[str]]:
+    """Word-level tags from the first subword's emissions of each word: with `tag_decoding`
+    `valid` (and BIO tags) the best sequence a BIO reader accepts (constrained Viterbi over the
+    CRF's scores, or over the words' log-probabilities without one), with `free` the CRF's
+    Viterbi path or each word's argmax. Words cut by truncation get the space's first tag (O;
+    plain tags: the most frequent in train)."""
+    # On the CPU whatever the model's device: a loop over words, cheap next to the encoder.
+    per_word, kept = word_emissions(emissions.float().cpu(), word_first.cpu())  # (B, W, C), (B, W)
+    forbidden = bio_forbidden(space) if tag_decoding == "valid" else None
     if crf is not None:
-        paths = crf.viterbi(per_word, kept)
+        paths = crf.viterbi(per_word, kept, forbidden)
+    elif forbidden is not None:
+        zero = torch.zeros(len(space))
+        paths = viterbi(per_word.log_softmax(-1), kept, forbidden[0], forbidden[1], zero)
     else:
         paths = [row[m].tolist() for row, m in zip(per_word.argmax(-1), kept, strict=True)]
     return [[space[t] for t in path] + [space[0]] * (n - len(path))
@@ -51,7 +74,8 @@ def pick_spans(candidates: list[ScoredSpan], decoding: str) -> list[ScoredSpan]:
 
 @torch.no_grad()
 def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_size: int,
-            span_decoding: str = "nested", threshold: float | None = None) -> list:
+            span_decoding: str = "nested", threshold: float | None = None,
+            tag_decoding: str = "free") -> list:
     """Predictions in example order: (label, score) for classification and pairs, word-level
     tags for token tasks, [(first word, end word exclusive, label, score)] for spans. Windows of
     one row (long_text chunks) give one prediction, from the mean of their logits.
@@ -68,7 +92,7 @@ def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_s
             rows = list(model(**inputs).float().cpu())  # B logit vectors (C,)
         elif kind == "token":
             n_words = [len(examples[i].word_first) for i in index]
-            rows = word_tags(model(**inputs), batch["word_first"], n_words, space, model.crf)
+            rows = word_tags(model(**inputs), batch["word_first"], n_words, space, model.crf, tag_decoding)
         else:
             probs = torch.softmax(model(**inputs, **{k: batch[k] for k in SPAN_INPUTS}), dim=-1)
             best_p, best_c = probs[..., 1:].max(-1)  # (B, S): best non-NULL label, its probability

@@ -58,24 +58,37 @@ class CRF(nn.Module):
             alpha = torch.where(mask[:, w, None], nxt, alpha)
         return (torch.logsumexp(alpha + self.end, dim=1) - score).mean()
 
-    def viterbi(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
-        """Best tag sequence of each row, of length mask.sum(1)."""
-        B, W, _ = emissions.shape
-        best = self.start + emissions[:, 0]  # (B, C)
-        back = []  # per word w >= 1: (B, C) the best previous tag for each tag at w
-        for w in range(1, W):
-            top, arg = (best[:, :, None] + self.transitions).max(dim=1)  # over (B, C from, C to)
-            back.append(arg)
-            best = torch.where(mask[:, w, None], top + emissions[:, w], best)
-        # Backtrack all rows at once from each row's last word (a row past its end keeps its tag).
-        lengths, rows = mask.sum(1), torch.arange(B)
-        tag = (best + self.end).argmax(1)  # (B,)
-        path = torch.empty(B, W, dtype=torch.long)
-        path[:, W - 1] = tag
-        for w in range(W - 1, 0, -1):
-            tag = torch.where(lengths > w, back[w - 1][rows, tag], tag)
-            path[:, w - 1] = tag
-        return [row[:n] for row, n in zip(path.tolist(), lengths.tolist(), strict=True)]
+    def viterbi(self, emissions: torch.Tensor, mask: torch.Tensor,
+                forbidden: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[int]]:
+        """Best tag sequence of each row, of length mask.sum(1); `forbidden` (start (C,),
+        transitions (C, C)), -inf where a tag may not start or follow, 0 elsewhere."""
+        start, transitions, end = (p.detach().to(emissions.device)
+                                   for p in (self.start, self.transitions, self.end))
+        if forbidden is not None:
+            start, transitions = start + forbidden[0], transitions + forbidden[1]
+        return viterbi(emissions, mask, start, transitions, end)
+
+
+def viterbi(emissions: torch.Tensor, mask: torch.Tensor, start: torch.Tensor, transitions: torch.Tensor,
+            end: torch.Tensor) -> list[list[int]]:
+    """The highest-scoring tag sequence of each row (length mask.sum(1)) under per-word scores
+    `emissions` (B, W, C), `start` and `end` scores (C,) and `transitions` (C from, C to)."""
+    B, W, _ = emissions.shape
+    best = start + emissions[:, 0]  # (B, C)
+    back = []  # per word w >= 1: (B, C) the best previous tag for each tag at w
+    for w in range(1, W):
+        top, arg = (best[:, :, None] + transitions).max(dim=1)  # over (B, C from, C to)
+        back.append(arg)
+        best = torch.where(mask[:, w, None], top + emissions[:, w], best)
+    # Backtrack all rows at once from each row's last word (a row past its end keeps its tag).
+    lengths, rows = mask.sum(1), torch.arange(B)
+    tag = (best + end).argmax(1)  # (B,)
+    path = torch.empty(B, W, dtype=torch.long)
+    path[:, W - 1] = tag
+    for w in range(W - 1, 0, -1):
+        tag = torch.where(lengths > w, back[w - 1][rows, tag], tag)
+        path[:, w - 1] = tag
+    return [row[:n] for row, n in zip(path.tolist(), lengths.tolist(), strict=True)]
 
 
 class TokenClassifier(nn.Module):

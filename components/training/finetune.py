@@ -263,7 +263,7 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     init, seed = job.init, job.seed
     name = f"{init}-s{seed}"
     spec = FitSpec(task.kind, space, init, seed, shared.epochs, job.lr, task.max_span_words,
-                   task.span_decoding, shared.scheme, task.patience or cfg.patience)
+                   task.span_decoding, task.tag_decoding, shared.scheme, task.patience or cfg.patience)
     start = time.perf_counter()
     if job.trained is None:
         work = shared.out / "work" / (f"{name}-lr{job.lr:g}" if job.trial else name)
@@ -285,7 +285,7 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     if task.kind == "span" and cfg.span_threshold:
         threshold = calibrate_threshold(model, spec, encoded["valid"], shared.valid_gold, cfg.batch_size * 2)
     test = predict(model, task.kind, encoded["test"], space, cfg.batch_size * 2, task.span_decoding,
-                   threshold)
+                   threshold, task.tag_decoding)
     pq.write_table(predictions_table(task.kind, test), shared.out / "fits" / f"{name}.parquet")
     summary = {"init": init, "seed": seed, "lr": job.lr, "steps": steps, "best_val_metric": best,
                "threshold": threshold, "history": history}

@@ -38,6 +38,7 @@ class FitSpec:
     lr: float  # peak learning rate: the task's, else finetune.lr
     max_span_words: int
     span_decoding: str
+    tag_decoding: str
     scheme: str  # token tasks: bio or plain (the metric: entity F1 or word accuracy)
     patience: int  # validation passes without improvement before stopping: the task's, else finetune's
 
@@ -130,7 +131,7 @@ class FinetuneModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         spec = self.spec
         found = predict(self.model, spec.kind, self.valid, spec.space, self.cfg.batch_size * 2,
-                        spec.span_decoding)
+                        spec.span_decoding, tag_decoding=spec.tag_decoding)
         metric = score(spec.kind, spec.space, found, self.valid_gold, spec.scheme)
         self.model.train()
         self.log("val/metric", metric)
