@@ -69,7 +69,7 @@ def trainer(p: Params, work: Path, name: str):
     return run
 
 
-def phase_seconds(run, work: Path, n: int = 80) -> tuple[float, float]:
+def phase_seconds(run, work: Path, n: int = 200) -> tuple[float, float]:
     """Seconds per curriculum (short) step and per full-length step, start-up not counted."""
     def seconds(steps: int, short: bool) -> float:
         out = work / f"timing-{steps}-{short}"
@@ -80,7 +80,7 @@ def phase_seconds(run, work: Path, n: int = 80) -> tuple[float, float]:
     return tuple((seconds(n, short) - seconds(n // 4, short)) / (n - n // 4) for short in (True, False))
 
 
-def budgets(presets: dict[str, Params], runs: dict, work: Path, rounds: int = 2) -> dict[str, dict]:
+def budgets(presets: dict[str, Params], runs: dict, work: Path, rounds: int = 1) -> dict[str, dict]:
     """Each preset's step schedule: the first one's own, the others' time-matched to it."""
     timed = {name: [] for name in presets}
     for _ in range(rounds):  # interleaved: a busy spell of the machine hits every preset alike
