@@ -106,7 +106,7 @@ def schedule(presets: dict[str, Params], steps: dict[str, int]) -> dict[str, dic
     return {name: {"max_steps": n, "short_seq_steps": round(n * c.short_seq_steps / c.max_steps),
                    "warmup_steps": round(n * c.warmup_steps / c.max_steps),
                    "val_every_steps": max(1, round(n * c.val_every_steps / c.max_steps)),
-                   "snapshot_every_steps": 10**9, "max_minutes": 0.0}
+                   "snapshot_every_steps": 500, "max_minutes": 0.0}  # a stopped run resumes
             for name, n in steps.items()}
 
 
