@@ -13,7 +13,15 @@ import typer
 
 from components.core.errors import BertflowError
 from components.core.params import load_params
-from pipeline.cli_common import ParamsOption, check_checkout, check_output, mlflow_client, registry_client
+from pipeline.cli_common import (
+    Backend,
+    BackendOption,
+    ParamsOption,
+    check_checkout,
+    check_output,
+    mlflow_client,
+    registry_client,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
@@ -198,6 +206,7 @@ def predict(
     trust_model: Annotated[bool, typer.Option(help="Load a --model from outside this project, or "
                                                    "one holding pickles (loading runs their code).")] = False,
     batch_size: Annotated[int, typer.Option(help="Rows per model call.", min=1)] = 512,
+    backend: BackendOption = Backend.torch,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Predict with a registered model: one JSON line per input, the input's fields included."""
@@ -216,7 +225,7 @@ def predict(
         check_output(out, "--out", params)
     with tempfile.TemporaryDirectory(prefix="bertflow-predict-") as tmp:  # the model's files
         uri = _model_uri(task, model, trust_model, params)
-        pyfunc = _load_pyfunc(uri, _fetch_model(uri, Path(tmp), trust_model))
+        pyfunc = _load_pyfunc(uri, _fetch_model(uri, Path(tmp), trust_model), backend.value)
         _predict(pyfunc, task, text, text_b, file, out, batch_size)
 
 
@@ -303,14 +312,14 @@ def _check_model_folder(uri: str, root: Path) -> None:
                             "if you trust who wrote it")
 
 
-def _load_pyfunc(uri: str, local: Path):
-    """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model); a model
-    MLflow cannot load is one clear line naming it."""
+def _load_pyfunc(uri: str, local: Path, backend: str = "torch"):
+    """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model), on `backend`;
+    a model MLflow cannot load is one clear line naming it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
-        return mlflow.pyfunc.load_model(str(local))
+        return mlflow.pyfunc.load_model(str(local), model_config={"backend": backend})
     except MlflowException as e:
         raise BertflowError(f"cannot load model {uri}: {e.message.splitlines()[0]}") from None
 
@@ -363,6 +372,7 @@ def serve_model(
     workers: Annotated[int, typer.Option(help="Server processes.", min=1)] = 1,
     max_body_mb: Annotated[float, typer.Option(help="Largest request body; a larger one gets 413.",
                                                min=0.001)] = 10.0,
+    backend: BackendOption = Backend.torch,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Serve a registered model over REST until Ctrl-C or SIGTERM: MLflow's scoring server
@@ -372,6 +382,7 @@ def serve_model(
 
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
 
+    from components.lifecycle.backends import BACKEND_ENV
     from pipeline.ops.body_limit import MAX_BODY_ENV
     from pipeline.ops.ui import check_port, run_until_stopped
 
@@ -379,7 +390,7 @@ def serve_model(
     check_port(host, port, uri)
     with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
         env = {**os.environ, _SERVER_MODEL_PATH: str(_fetch_model(uri, Path(tmp), trust_model)),
-               MAX_BODY_ENV: str(int(max_body_mb * 1_000_000))}
+               MAX_BODY_ENV: str(int(max_body_mb * 1_000_000)), BACKEND_ENV: backend.value}
         typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
                    f"{max_body_mb:g} MB; Ctrl-C stops it)")
         code = run_until_stopped([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -9,8 +10,13 @@ import typer
 
 from components.core.errors import BertflowError
 from components.core.params import load_params
+from components.lifecycle.backends import BACKENDS
 
 ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file.", dir_okay=False)]
+Backend = Enum("Backend", {b: b for b in BACKENDS}, type=str)  # typer offers an Enum's values
+BackendOption = Annotated[Backend, typer.Option(
+    help="Run the model in torch, or its ONNX graph in ONNX Runtime: onnx (fp32) or onnx-int8 "
+         "(where its int8 check passed; finetune.onnx writes both).")]
 
 
 def mlflow_client(params: Path):

@@ -294,6 +294,7 @@ class FinetuneConfig(Section):
     label_subwords: Literal["all", "first"] = doc("Token tasks: train on every subword, or the first.")
     crf: bool = doc("Token tasks: a CRF over the words' emissions, Viterbi decoding (no HF export).")
     span_threshold: bool = doc("Span tasks: calibrate a score threshold on validation (best F1).")
+    onnx: bool = doc("Also write the exported model as ONNX, and int8 if it answers the test split as fp32.")
     precision: str = doc("`auto` (bf16-mixed on CUDA, 32 on CPU) or any Lightning precision.")
     grad_clip: OffOr = doc("Gradient norm clipping (0: off).")
     deterministic: bool = doc("Deterministic kernels only: bit-exact GPU reruns, slower.")

@@ -15,8 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from components.core.errors import DataError
+from components.core.errors import ConfigError, DataError
 from components.data.tags import bio_to_spans
+from components.lifecycle.backends import BACKENDS
+from components.lifecycle.onnx_model import OnnxHead, onnx_file
 from components.lifecycle.rows import INPUTS, Limits, check_columns, has_tokens
 from components.model.build import task_model
 from components.model.decoding import predict
@@ -44,13 +46,18 @@ class TaskModel:
         return self.info.task.kind
 
 
-def load_task_model(model_dir: Path) -> TaskModel:
-    """Weights (safetensors), config, tokenizer and label map of an exported task model."""
+def load_task_model(model_dir: Path, backend: str = "torch") -> TaskModel:
+    """Weights (safetensors), config, tokenizer and label map of an exported task model; with
+    backend `onnx` or `onnx-int8`, its ONNX graph in ONNX Runtime (the CRF, if any, in torch)."""
     model_dir = Path(model_dir)
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
     info = read_task_model_info(model_dir)
     model = task_model(info.config, info.task.kind, info.space, info.crf, info.task.max_span_words)
     model.load_state_dict(read_weights(model_dir / "model.safetensors"))
     model.eval()  # predict() runs under no_grad
+    if backend != "torch":
+        model = OnnxHead(onnx_file(model_dir, backend), getattr(model, "crf", None))
     return TaskModel(info, model, load_tokenizer(model_dir, info.config), Limits.from_env())
 
 

@@ -2,12 +2,18 @@
 nothing of ours is pickled. Its artifact `model` is the exported task model folder
 (safetensors weights, bertflow.json with config and label map, tokenizer files).
 
+The backend (torch, onnx or onnx-int8: components.lifecycle.onnx_model) is the model config's
+`backend` at load (`mlflow.pyfunc.load_model(uri, model_config={"backend": ...})`), else the
+environment's BERTFLOW_BACKEND (how `bertflow serve-model --backend` reaches the REST server),
+else torch.
+
 Input: a DataFrame with `text` (classification), `text_a`/`text_b` (pair), or `text` or
 `tokens` (token and span tasks). Output: one dict per row (see components.lifecycle.inference).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import mlflow
@@ -16,6 +22,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
+from components.lifecycle.backends import BACKEND_ENV
+
 
 class TaskPyfunc(PythonModel):
     """Raw text in, labels with scores, word-level tags or scored spans out."""
@@ -23,7 +31,8 @@ class TaskPyfunc(PythonModel):
     def load_context(self, context) -> None:
         from components.lifecycle.inference import load_task_model
 
-        self.task_model = load_task_model(Path(context.artifacts["model"]))
+        backend = (context.model_config or {}).get("backend") or os.environ.get(BACKEND_ENV, "torch")
+        self.task_model = load_task_model(Path(context.artifacts["model"]), backend)
 
     # The signature enforces the input schema; the hint only tells MLflow not to re-infer one.
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[dict]:

@@ -27,7 +27,8 @@ METRIC, METRIC_NAME = "bertflow.metric", "bertflow.metric_name"
 DECIDED = "bertflow.decision"  # version tag: the outcome of its challenge, set last
 ENCODER = "encoder"
 # What the pyfunc model needs at run time (the rest of the project is not imported by it).
-RUNTIME = ("torch", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow", "pyyaml", "mlflow")
+RUNTIME = ("torch", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow", "pyyaml", "mlflow",
+           "onnxruntime")
 CODE = Path(__file__).resolve().parents[1]  # the components package, shipped inside the model
 
 

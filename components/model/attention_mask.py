@@ -43,8 +43,9 @@ def windowed(allowed: torch.Tensor | None, window: int, T: int, device: torch.de
     if allowed is None:
         return band
     # A padding query farther than window/2 from every real token would see nothing: it sees
-    # itself (CUDA's memory-efficient kernel gives NaN for an empty row, which spreads).
-    return (allowed & band) | torch.eye(T, dtype=torch.bool, device=device)
+    # itself (CUDA's memory-efficient kernel gives NaN for an empty row, which spreads). The
+    # diagonal as i == j, not torch.eye: ONNX Runtime has no boolean EyeLike.
+    return (allowed & band) | (i[:, None] == i[None, :])
 
 
 def probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

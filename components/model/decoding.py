@@ -5,6 +5,8 @@ evaluation scores. Shapes: B batch, T subword positions, C labels, W words, S sp
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 import torch
 
@@ -83,7 +85,8 @@ def predict(model, kind: str, examples: list[Encoded], space: list[str], batch_s
     Span candidates are the spans whose argmax is not NULL or, with a threshold, whose best
     label's probability reaches it."""
     model.eval()
-    device = next(model.parameters()).device  # validation runs outside Lightning's batch transfer
+    # validation runs outside Lightning's batch transfer; an ONNX head keeps a buffer on its device
+    device = next(itertools.chain(model.parameters(), model.buffers())).device
     out: list = [None] * len(examples)
     for index in length_batches([len(e.ids) for e in examples], batch_size, rng=None):
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in index], kind).items()}

@@ -34,6 +34,8 @@ from components.core.io import atomic_dir, write_json
 from components.core.machine import cpu_facts
 from components.core.progress import bar
 from components.data.tasks.folder import read_meta, read_split
+from components.evaluation.metrics import primary_metric
+from components.lifecycle.onnx_model import ONNX_DIR, write_onnx
 from components.model.build import task_model
 from components.model.config import BertConfig, shape_of
 from components.model.decoding import predict, predictions_table
@@ -63,6 +65,7 @@ class TaskFits:
     out: Path  # the stage's temporary output folder
     encoded: dict[str, list[Encoded]]
     valid_gold: pa.Table
+    test_gold: pa.Table | None  # the ONNX int8 check's (finetune.onnx); None in the probe
     max_len: int  # tokens per example, as resolved for this task
     epochs: int  # the task's, else finetune's
 
@@ -119,7 +122,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
         shared = TaskFits(name, task, cfg, bert, meta["labels"], meta.get("scheme", ""), Path(encoder_dir),
-                          weights, tmp, encoded, splits["valid"], max_len, epochs)
+                          weights, tmp, encoded, splits["valid"], splits["test"], max_len, epochs)
         workers = worker_count(cfg.workers, len(cfg.init) * max(len(lrs), len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
         this_run: dict = {"workers": workers}
@@ -163,7 +166,7 @@ def probe_fits(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
         splits["train"] = splits["train"].take(rows)
     shared = TaskFits(name, task, cfg, encoder.config, meta["labels"], meta.get("scheme", ""),
                       Path(encoder_dir), {"pretrained": Path(encoder_dir)}, Path(work_dir),
-                      _encode(splits, task, cfg, tokenizer, meta, max_len), splits["valid"], max_len,
+                      _encode(splits, task, cfg, tokenizer, meta, max_len), splits["valid"], None, max_len,
                       task.epochs or cfg.epochs)
     jobs = [Job("pretrained", s, learning_rates(task, cfg)[0], trial=True) for s in cfg.seeds]
     try:
@@ -299,6 +302,16 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
                              crf=getattr(model, "crf", None) is not None, threshold=threshold,
                              scheme=shared.scheme)
         write_task_model(model, info, shared.encoder_dir, shared.out / "model")
+        if cfg.onnx:
+            metric = (primary_metric(task.kind, shared.scheme),
+                      lambda found: score(task.kind, space, found, shared.test_gold, shared.scheme))
+            check = write_onnx(model, task.kind, space, encoded["test"], test, metric, shared.max_len,
+                               shared.out / "model" / ONNX_DIR, cfg.batch_size * 2,
+                               span_decoding=task.span_decoding, threshold=threshold,
+                               tag_decoding=task.tag_decoding)
+            log.info("finetune %s: int8 answers as fp32 on %.2f%% of the test split, %s %.4f vs %.4f%s",
+                     shared.name, 100 * check["agreement"], check["metric"], check["int8"], check["fp32"],
+                     f"; int8 refused: {check['refused']}" if check["refused"] else "")
     return summary
 
 
