@@ -1,0 +1,83 @@
+"""The int8 check of every task's exported model, as `finetune.onnx` runs it in the finetune
+stage (components.lifecycle.onnx_model.write_onnx): the ONNX graph, its int8 twin, and how the
+int8 model's answers on the test split compare with the fp32 torch model's; with the seconds
+the export, the quantization and the check took.
+
+Usage:  python benchmarks/int8_check.py [--project DIR]   (DIR: a project that ran `make run`)
+Writes the "int8 check" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import write_section  # noqa: E402
+from components.core.params import load_params  # noqa: E402
+from components.data.tasks.folder import read_split  # noqa: E402
+from components.evaluation.metrics import primary_metric  # noqa: E402
+from components.lifecycle.inference import load_task_model  # noqa: E402
+from components.lifecycle.onnx_model import write_onnx  # noqa: E402
+from components.model.decoding import predict  # noqa: E402
+from components.model.inputs import encode  # noqa: E402
+from components.training.finetune_module import score  # noqa: E402
+
+SECTION = "## int8 check"
+
+
+def check(model_dir: Path, task_dir: Path, out: Path) -> dict:
+    """write_onnx on one exported task model, its fp32 torch predictions of the test split first."""
+    tm = load_task_model(model_dir)
+    info, task = tm.info, tm.info.task
+    gold = read_split(task_dir, "test")
+    test = encode(gold, task.kind, tm.tokenizer, info.labels, info.max_seq_len, task.long_text,
+                  info.label_subwords, task.max_span_words, info.scheme, task.chunk_overlap)
+    decoding = {"span_decoding": task.span_decoding, "threshold": info.threshold,
+                "tag_decoding": task.tag_decoding}
+    fp32 = predict(tm.model, task.kind, test, info.space, 64, **decoding)
+    metric = (primary_metric(task.kind, info.scheme),
+              lambda found: score(task.kind, info.space, found, gold, info.scheme))
+    start = time.perf_counter()
+    result = write_onnx(tm.model, task.kind, info.space, test, fp32, metric, info.max_seq_len, out, 64,
+                        **decoding)
+    return {**result, "seconds": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", type=Path, default=ROOT, help="a project that ran `make run`")
+    args = parser.parse_args()
+    p = load_params(args.project / "params.yaml")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in p.finetune.tasks:
+            model = args.project / p.paths.models / "tasks" / name / "model"
+            if not model.exists():
+                continue
+            r = check(model, args.project / p.paths.tasks / name, Path(tmp) / name)
+            verdict = f"**refused**: {r['refused']}" if r["refused"] else "served"
+            rows.append(f"| {name} | {r['examples']:,} | {r['agreement']:.2%} | {r['metric']} | "
+                        f"{r['fp32'] * 100:.2f} | {r['int8'] * 100:.2f} | {verdict} | {r['seconds']:.0f} |")
+            print(rows[-1], flush=True)
+    write_section("\n".join([
+        SECTION, "",
+        f"Reproduce: `python benchmarks/int8_check.py` after `make run` ({torch.get_num_threads()} "
+        "threads; what `finetune.onnx: true` checks in the finetune stage). Each task's exported "
+        "model (pretrained, first seed) on its test split: the share of examples whose int8 answer "
+        "(label, tag sequence, spans) equals the fp32 torch model's, and the metric of each. "
+        "int8 is served only at ≥ 99% agreement and at most 0.5 point lower.", "",
+        "| task | test examples | agreement | metric | fp32 | int8 | int8 | seconds (export, "
+        "quantize, check) |",
+        "|---|---|---|---|---|---|---|---|", *rows, ""]))
+
+
+if __name__ == "__main__":
+    main()
