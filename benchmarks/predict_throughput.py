@@ -1,10 +1,13 @@
-"""Batch prediction throughput: our inference path against transformers' text-classification
-pipeline, on the same fine-tuned model and the same sentences, interleaved in one run.
+"""Batch prediction throughput: our inference path on each backend (torch, and the model's ONNX
+graph in ONNX Runtime, fp32 and int8) against transformers' text-classification pipeline, on the
+same fine-tuned model and the same sentences, interleaved in one run.
 
 Ours: `components.lifecycle.inference.predict_rows` (length-bucketed batches: sentences of similar length
-share a batch, so little padding). Theirs: the model exported with `bertflow export-hf`, run by
-`pipeline("text-classification")` with truncation at the same length, once with its default
-(one sentence per call) and once batched like ours (padding to the longest of each batch).
+share a batch, so little padding). The ONNX graphs are the ones `finetune.onnx` writes, with the
+int8 check's test scores (written here into a copy of the model if it has none). Theirs: the
+model exported with `bertflow export-hf`, run by `pipeline("text-classification")` with
+truncation at the same length, once with its default (one sentence per call) and once batched
+like ours (padding to the longest of each batch).
 
 Usage:  python benchmarks/predict_throughput.py [--task movie-sentiment] [--sentences 2000]
 Needs the task's exported model (`make run`). Writes the "Batch prediction" section of
@@ -14,6 +17,7 @@ benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -25,8 +29,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.int8_check import check  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
+from components.lifecycle.onnx_model import ONNX_DIR, read_check  # noqa: E402
 
 SECTION = "## Batch prediction"
 
@@ -64,49 +70,63 @@ def main() -> None:
     from components.lifecycle.inference import load_task_model, predict_rows
 
     p = load_params(args.project / "params.yaml")
-    model_dir = args.project / p.paths.models / "tasks" / args.task / "model"
-    texts = sentences(args.project / p.paths.tasks / args.task, args.sentences)
+    task_dir = args.project / p.paths.tasks / args.task
+    model_dir = Path(tempfile.mkdtemp(prefix="bertflow-model-")) / "model"
+    shutil.copytree(args.project / p.paths.models / "tasks" / args.task / "model", model_dir)
+    if not (model_dir / ONNX_DIR).exists():
+        check(model_dir, task_dir, model_dir / ONNX_DIR)
+    scores = read_check(model_dir / ONNX_DIR)
+    texts = sentences(task_dir, args.sentences)
     ours = load_task_model(model_dir)
+    backends = {b: load_task_model(model_dir, b) for b in ("onnx", "onnx-int8")}
     hf_dir = Path(tempfile.mkdtemp(prefix="bertflow-hf-")) / "model"
     export_hf(model_dir, hf_dir)
     clf = pipeline("text-classification", model=str(hf_dir), device=-1)
     cut = {"truncation": True, "max_length": ours.info.max_seq_len}
 
+    def labels(tm):
+        return lambda xs: [r["label"] for r in predict_rows(tm, [{"text": x} for x in xs], args.batch_size)]
+
     runs = {
-        "ours": lambda xs: [r["label"] for r in predict_rows(ours, [{"text": x} for x in xs],
-                                                             args.batch_size)],
+        "ours": labels(ours), **{name: labels(tm) for name, tm in backends.items()},
         "hf_default": lambda xs: [r["label"] for r in clf(xs, **cut)],
         "hf_batched": lambda xs: [r["label"] for r in clf(xs, batch_size=args.batch_size, **cut)],
     }
     for fn in runs.values():  # warm-up: first calls allocate and load kernels
         fn(texts[:64])
     rates: dict[str, list[float]] = {name: [] for name in runs}
-    labels: dict[str, list[str]] = {}
+    answers: dict[str, list[str]] = {}
     for _ in range(args.repeats):
         for name, fn in runs.items():
-            rate, labels[name] = timed(fn, texts)
+            rate, answers[name] = timed(fn, texts)
             rates[name].append(rate)
     median = {name: statistics.median(r) for name, r in rates.items()}
-    agree = sum(a == b for a, b in zip(labels["ours"], labels["hf_batched"], strict=True)) / len(texts)
-    print({**median, "agreement": agree})
+    agree = sum(a == b for a, b in zip(answers["ours"], answers["hf_batched"], strict=True)) / len(texts)
+    int8_agree = sum(a == b for a, b in zip(answers["ours"], answers["onnx-int8"], strict=True)) / len(texts)
+    print({**median, "agreement": agree, "int8_agreement": int8_agree})
     lengths = [len(x.split()) for x in texts]
     b = args.batch_size
     write_section("\n".join([
         SECTION, "",
         f"Reproduce: `python benchmarks/predict_throughput.py --task {args.task}` ({args.threads} "
-        "threads, fp32, no GPU; needs `make run` first).", "",
+        "threads, no GPU; needs `make run` first).", "",
         f"Model: the exported `{args.task}` classifier ({len(ours.model.encoder.blocks)} layers × "
         f"{ours.model.classifier.in_features} hidden), max length {ours.info.max_seq_len}. Sentences: "
         f"{len(texts):,} of the task's texts ({statistics.mean(lengths):.0f} words on average, "
-        f"{min(lengths)}–{max(lengths)}). Median of {args.repeats} interleaved passes each; both "
-        f"sides agree on {agree:.1%} of the labels.", "",
-        f"| measure | ours (length-bucketed, batch {b}) | HF `pipeline(\"text-classification\")` "
-        f"default | HF pipeline, `batch_size={b}` |",
-        "|---|---|---|---|",
-        f"| sentences/s | {median['ours']:,.0f} | {median['hf_default']:,.0f} | "
-        f"{median['hf_batched']:,.0f} |",
-        f"| ours / HF (target ≥ 1.5) | | **{median['ours'] / median['hf_default']:.2f}** | "
-        f"**{median['ours'] / median['hf_batched']:.2f}** |", "",
+        f"{min(lengths)}–{max(lengths)}). Median of {args.repeats} interleaved passes each; ours "
+        f"and the batched pipeline agree on {agree:.1%} of the labels, ours in torch and in int8 "
+        f"on {int8_agree:.1%}.", "",
+        f"| measure | ours, torch fp32 (length-bucketed, batch {b}) | ours, ONNX Runtime fp32 | "
+        f"ours, ONNX Runtime int8 | HF `pipeline(\"text-classification\")` default | HF pipeline, "
+        f"`batch_size={b}` |",
+        "|---|---|---|---|---|---|",
+        f"| sentences/s | {median['ours']:,.0f} | {median['onnx']:,.0f} | {median['onnx-int8']:,.0f} | "
+        f"{median['hf_default']:,.0f} | {median['hf_batched']:,.0f} |",
+        f"| ÷ ours, torch fp32 | 1.00 | **{median['onnx'] / median['ours']:.2f}** | "
+        f"**{median['onnx-int8'] / median['ours']:.2f}** (target ≥ 2) | "
+        f"{median['hf_default'] / median['ours']:.2f} | {median['hf_batched'] / median['ours']:.2f} |",
+        f"| test {scores['metric']} | {scores['fp32'] * 100:.2f} | {scores['fp32'] * 100:.2f} | "
+        f"{scores['int8'] * 100:.2f} | (the same weights as torch fp32) | |", "",
         "The pipeline's default runs one sentence per forward pass; batched, it pads every batch "
         "to its longest sentence in input order. Ours sorts by length within chunks of 50 "
         "batches, so a batch holds sentences of similar length.", ""]))
