@@ -170,7 +170,7 @@ def _transfer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
     "seeds", "init", "max_seq_len", "batch_size", "lr", "lr_grid", "weight_decay", "epochs",
     "min_steps", "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf",
-    "span_threshold", "precision", "grad_clip", "deterministic", "workers"))
+    "span_threshold", "onnx", "precision", "grad_clip", "deterministic", "workers"))
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",), replaces=lambda p, task: ("paths.raw", p.paths.raw)),
