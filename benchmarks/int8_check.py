@@ -1,5 +1,5 @@
 """The int8 check of every task's exported model, as `finetune.onnx` runs it in the finetune
-stage (components.lifecycle.onnx_model.write_onnx): the ONNX graph, its int8 twin, and how the
+stage (components.model.onnx_model.write_onnx): the ONNX graph, its int8 twin, and how the
 int8 model's answers on the test split compare with the fp32 torch model's; with the seconds
 the export, the quantization and the check took.
 
@@ -25,9 +25,9 @@ from components.core.params import load_params  # noqa: E402
 from components.data.tasks.folder import read_split  # noqa: E402
 from components.evaluation.metrics import primary_metric  # noqa: E402
 from components.lifecycle.inference import load_task_model  # noqa: E402
-from components.lifecycle.onnx_model import write_onnx  # noqa: E402
 from components.model.decoding import predict  # noqa: E402
 from components.model.inputs import encode  # noqa: E402
+from components.model.onnx_model import write_onnx  # noqa: E402
 from components.training.finetune_module import score  # noqa: E402
 
 SECTION = "## int8 check"

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.int8_check import check  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
-from components.lifecycle.onnx_model import ONNX_DIR, read_check  # noqa: E402
+from components.model.onnx_model import ONNX_DIR, read_check  # noqa: E402
 
 SECTION = "## Batch prediction"
 

@@ -14,9 +14,9 @@ import torch
 from components.core.config import FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError
 from components.lifecycle.backends import BACKEND_ENV
-from components.lifecycle.onnx_model import CHECK, FP32, INT8, ONNX_DIR, OnnxHead, export_graph, onnx_file
 from components.model.build import task_model
 from components.model.config import BertConfig
+from components.model.onnx_model import CHECK, FP32, INT8, ONNX_DIR, OnnxHead, export_graph, onnx_file
 from tests.conftest import section
 
 CLASSIC = BertConfig(vocab_size=120, hidden=32, layers=2, heads=2, intermediate=64, max_position=64)
@@ -109,9 +109,9 @@ def test_finetune_writes_the_graph_and_int8_served_only_where_its_check_passed(t
     # Answers that disagree (the fp32 predictions' labels flipped, standing in for an int8 model
     # that answers otherwise): the check refuses, no int8 graph is left, and asking for one says why.
     from components.data.tasks.folder import read_split
-    from components.lifecycle.onnx_model import write_onnx
     from components.model.decoding import predict
     from components.model.inputs import encode
+    from components.model.onnx_model import write_onnx
 
     tm = load_task_model(model_dir)
     test = encode(read_split(tmp_path / "task", "test"), "classification", tm.tokenizer, tm.info.labels,

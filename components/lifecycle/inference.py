@@ -18,13 +18,13 @@ import pyarrow as pa
 from components.core.errors import ConfigError, DataError
 from components.data.tags import bio_to_spans
 from components.lifecycle.backends import BACKENDS
-from components.lifecycle.onnx_model import OnnxHead, onnx_file
 from components.lifecycle.rows import INPUTS, Limits, check_columns, has_tokens
 from components.model.build import task_model
 from components.model.decoding import predict
 from components.model.folders import load_tokenizer, read_weights
 from components.model.inputs import encode
 from components.model.metadata import TaskModelInfo, read_task_model_info
+from components.model.onnx_model import OnnxHead, onnx_file
 
 # Words of raw text for token and span tasks: runs of letters/digits (with inner - ' ’ .), or
 # one other non-space character, the way CoNLL splits "U.S.-led" or "(Reuters)".

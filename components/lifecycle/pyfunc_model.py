@@ -2,7 +2,7 @@
 nothing of ours is pickled. Its artifact `model` is the exported task model folder
 (safetensors weights, bertflow.json with config and label map, tokenizer files).
 
-The backend (torch, onnx or onnx-int8: components.lifecycle.onnx_model) is the model config's
+The backend (torch, onnx or onnx-int8: components.model.onnx_model) is the model config's
 `backend` at load (`mlflow.pyfunc.load_model(uri, model_config={"backend": ...})`), else the
 environment's BERTFLOW_BACKEND (how `bertflow serve-model --backend` reaches the REST server),
 else torch.

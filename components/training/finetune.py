@@ -35,13 +35,13 @@ from components.core.machine import cpu_facts
 from components.core.progress import bar
 from components.data.tasks.folder import read_meta, read_split
 from components.evaluation.metrics import primary_metric
-from components.lifecycle.onnx_model import ONNX_DIR, write_onnx
 from components.model.build import task_model
 from components.model.config import BertConfig, shape_of
 from components.model.decoding import predict, predictions_table
 from components.model.folders import load_tokenizer, read_weights, write_task_model
 from components.model.inputs import Encoded, encode, label_space
 from components.model.metadata import TaskModelInfo, read_checkpoint_info, read_encoder_info
+from components.model.onnx_model import ONNX_DIR, write_onnx
 from components.training.batching import Batches
 from components.training.common import resolve_precision
 from components.training.finetune_module import FinetuneModule, FitSpec, score
