@@ -44,7 +44,7 @@ TASKS = {
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A DVC project with one task of each kind, run once by `bertflow run` (tiny model)."""
-    repo = make_task_project(tmp_path_factory.mktemp("lifecycle") / "project", TASKS)
+    repo = make_task_project(tmp_path_factory.mktemp("lifecycle") / "project", TASKS, finetune={"onnx": True})
     run_cli("bertflow", "run", cwd=repo)
     return repo
 
@@ -203,6 +203,12 @@ def test_predict_streams_a_file_of_three_thousand_lines(project, tmp_path, monke
     assert [a["text"] for a in answers] == [r["text"] for r in rows]
     assert [a["label"] for a in answers] == [w["label"] for w in whole]
     assert sum(a["label"] == ("neg" if i % 2 else "pos") for i, a in enumerate(answers)) >= 2_850
+    # The same file on the model's ONNX graph (finetune.onnx) in ONNX Runtime: the same answers.
+    run_cli("bertflow", "predict", "reviews", "--file", str(tmp_path / "in.jsonl"), "--out",
+            str(tmp_path / "onnx.jsonl"), "--batch-size", "1000", "--backend", "onnx", cwd=project)
+    onnx = [json.loads(line) for line in (tmp_path / "onnx.jsonl").read_text().splitlines()]
+    assert [a["label"] for a in onnx] == [a["label"] for a in answers]
+    assert [a["score"] for a in onnx] == pytest.approx([a["score"] for a in answers], abs=1e-5)
 
     # A bad line: the error names it, and no output file is left behind.
     (tmp_path / "bad.jsonl").write_text(lines[0] + "\n{oops\n")
