@@ -20,8 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.exported import exported_models, project_option  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
 from components.data.tasks.folder import read_split  # noqa: E402
 from components.evaluation.metrics import primary_metric  # noqa: E402
 from components.lifecycle.inference import load_task_model  # noqa: E402
@@ -53,16 +53,12 @@ def check(model_dir: Path, task_dir: Path, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--project", type=Path, default=ROOT, help="a project that ran `make run`")
+    project_option(parser)
     args = parser.parse_args()
-    p = load_params(args.project / "params.yaml")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in p.finetune.tasks:
-            model = args.project / p.paths.models / "tasks" / name / "model"
-            if not model.exists():
-                continue
-            r = check(model, args.project / p.paths.tasks / name, Path(tmp) / name)
+        for name, _, model, task_dir in exported_models(args.project):
+            r = check(model, task_dir, Path(tmp) / name)
             verdict = f"**refused**: {r['refused']}" if r["refused"] else "served"
             rows.append(f"| {name} | {r['examples']:,} | {r['agreement']:.2%} | {r['metric']} | "
                         f"{r['fp32'] * 100:.2f} | {r['int8'] * 100:.2f} | {verdict} | {r['seconds']:.0f} |")

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.exported import exported_models, project_option  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
 from components.evaluation.metrics import score_predictions  # noqa: E402
 from components.lifecycle.inference import load_task_model  # noqa: E402
 from components.model.decoding import predict, predictions_table  # noqa: E402
@@ -55,15 +55,13 @@ def compare(model_dir: Path, valid: Path) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--project", type=Path, default=ROOT, help="a project that ran `make run`")
+    project_option(parser)
     args = parser.parse_args()
-    p = load_params(args.project / "params.yaml")
     rows = []
-    for name, task in p.finetune.tasks.items():
-        model = args.project / p.paths.models / "tasks" / name / "model"
-        if task.kind != "token" or not model.exists():
+    for name, task, model, task_dir in exported_models(args.project):
+        if task.kind != "token":
             continue
-        r = compare(model, args.project / p.paths.tasks / name / "valid.parquet")
+        r = compare(model, task_dir / "valid.parquet")
         if r is None:
             continue
         rows.append(f"| {name} | {'CRF' if r['crf'] else 'softmax'} | {r['sentences']:,} | "
