@@ -313,13 +313,17 @@ def _check_model_folder(uri: str, root: Path) -> None:
 
 
 def _load_pyfunc(uri: str, local: Path, backend: str = "torch"):
-    """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model), on `backend`;
-    a model MLflow cannot load is one clear line naming it."""
+    """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model), on `backend`
+    (through the environment, as the REST server gets it: any registered model, new or old,
+    reads it there); a model MLflow cannot load is one clear line naming it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from components.lifecycle.backends import BACKEND_ENV
+
+    os.environ[BACKEND_ENV] = backend
     try:
-        return mlflow.pyfunc.load_model(str(local), model_config={"backend": backend})
+        return mlflow.pyfunc.load_model(str(local))
     except MlflowException as e:
         raise BertflowError(f"cannot load model {uri}: {e.message.splitlines()[0]}") from None
 

@@ -99,10 +99,14 @@ def test_finetune_writes_the_graph_and_int8_served_only_where_its_check_passed(t
     save_pyfunc(model_dir, "classification", rows[:1], tmp_path / "pyfunc")
     import pandas as pd
 
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    served = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"))
+    assert not isinstance(served.unwrap_python_model().task_model.model, OnnxHead)  # torch, as saved
     served = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"), model_config={"backend": "onnx-int8"})
+    assert isinstance(served.unwrap_python_model().task_model.model, OnnxHead)
     assert [r["label"] for r in served.predict(pd.DataFrame(rows))] == [r["label"] for r in want]
-    # ...and without one, the environment's (how `bertflow serve-model --backend` reaches the server).
-    monkeypatch.setenv(BACKEND_ENV, "onnx-int8")
+    # ...and the environment's, where set (how `bertflow predict` and `serve-model --backend` pass it).
+    monkeypatch.setenv(BACKEND_ENV, "onnx")
     served = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"))
     assert isinstance(served.unwrap_python_model().task_model.model, OnnxHead)
 

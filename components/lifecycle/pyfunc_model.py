@@ -2,10 +2,10 @@
 nothing of ours is pickled. Its artifact `model` is the exported task model folder
 (safetensors weights, bertflow.json with config and label map, tokenizer files).
 
-The backend (torch, onnx or onnx-int8: components.model.onnx_model) is the model config's
-`backend` at load (`mlflow.pyfunc.load_model(uri, model_config={"backend": ...})`), else the
-environment's BERTFLOW_BACKEND (how `bertflow serve-model --backend` reaches the REST server),
-else torch.
+The backend (torch, onnx or onnx-int8: components.model.onnx_model) is the environment's
+BERTFLOW_BACKEND where set (how `bertflow predict --backend` and `bertflow serve-model
+--backend` reach the model), else the model config's `backend`: torch as saved, or another
+given at load (`mlflow.pyfunc.load_model(uri, model_config={"backend": ...})`).
 
 Input: a DataFrame with `text` (classification), `text_a`/`text_b` (pair), or `text` or
 `tokens` (token and span tasks). Output: one dict per row (see components.lifecycle.inference).
@@ -31,7 +31,8 @@ class TaskPyfunc(PythonModel):
     def load_context(self, context) -> None:
         from components.lifecycle.inference import load_task_model
 
-        backend = (context.model_config or {}).get("backend") or os.environ.get(BACKEND_ENV, "torch")
+        # (a model registered before backends existed has no model config: torch)
+        backend = os.environ.get(BACKEND_ENV) or (context.model_config or {}).get("backend", "torch")
         self.task_model = load_task_model(Path(context.artifacts["model"]), backend)
 
     # The signature enforces the input schema; the hint only tells MLflow not to re-infer one.

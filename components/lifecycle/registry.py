@@ -70,6 +70,7 @@ def save_pyfunc(model_dir: Path, kind: str, example: list[dict], out: Path) -> N
     mlflow.pyfunc.save_model(
         path=str(out), python_model=str(CODE / "lifecycle" / "pyfunc_model.py"),
         artifacts={"model": str(model_dir)}, code_paths=[str(CODE)],
+        model_config={"backend": "torch"},  # saved, so that a load may name another
         signature=signature(kind), input_example=pd.DataFrame(example),
         pip_requirements=pip_requirements())
 
