@@ -123,11 +123,11 @@ def table(results: list[dict]) -> list[str]:
                     f" | {q['mean'] * 100:.2f} | {(q['mean_std'] or 0) * 100:.2f} |")
     for preset, rs in by_preset.items():
         means = [r["probe"]["mean"] * 100 for r in rs]
-        spread = max(means) - min(means)
-        task_means = (statistics.mean(r["probe"][t]["val_metric"] for r in rs) * 100 for t in PROBE)
-        rows.append(f"| **{preset}** | mean of {len(rs)} | | | " + " | ".join(f"{m:.1f}" for m in task_means)
-                    +
-                    f" | **{statistics.mean(means):.2f}** | pretraining seeds' range {spread:.2f} |")
+        spread = f"pretraining seeds: range {max(means) - min(means):.2f}" if len(rs) > 1 else "one seed"
+        task_means = " | ".join(f"{statistics.mean(r['probe'][t]['val_metric'] for r in rs) * 100:.1f}"
+                                for t in PROBE)
+        rows.append(f"| **{preset}** | mean of {len(rs)} | | | {task_means} | "
+                    f"**{statistics.mean(means):.2f}** | {spread} |")
     return head + rows
 
 
@@ -141,8 +141,16 @@ def main() -> None:
                         help="a preset's step count (a recorded budget) instead of timing it")
     parser.add_argument("--encoder", nargs="*", default=[], metavar="PRESET:SEED=DIR",
                         help="an encoder already trained as that preset and seed at its budget")
+    parser.add_argument("--report", action="store_true",
+                        help="only write RESULTS.md's section from the records in --workdir so far")
     args = parser.parse_args()
     work = args.workdir
+    if args.report:
+        records = [work / f"{Path(n).stem}-s{s}.json" for s in args.seeds for n in args.presets]
+        results = [json.loads(r.read_text()) for r in records if r.exists()]
+        missing = [r.stem for r in records if not r.exists()]
+        write_section(section(args, {r["preset"]: r["steps"] for r in results}, results, missing))
+        return
     work.mkdir(parents=True, exist_ok=True)
     presets = {name: load_params(ROOT / name) for name in args.presets}
     runs = {name: trainer(p, work, Path(name).stem) for name, p in presets.items()}
@@ -175,17 +183,26 @@ def main() -> None:
             record.write_text(json.dumps(r, indent=1))
             results.append(r)
             print(f"{name} seed {seed}: probe mean {scores['mean']:.4f}", flush=True)
-    text = "\n".join([
+    text = section(args, steps, results, [])
+    print(text)
+    write_section(text)
+
+
+def section(args: argparse.Namespace, steps: dict[str, int], results: list[dict], missing: list[str]) -> str:
+    """RESULTS.md's section: how to reproduce, what was run, the table (and what is still to run)."""
+    return "\n".join([
         SECTION, "",
         "Reproduce: `python benchmarks/arch_probe.py --presets " + " ".join(args.presets) +
         " --steps " + " ".join(f"{n}={s}" for n, s in steps.items()) + "` (2 threads, no GPU).", "",
         f"Each preset pretrained with {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); "
         f"each encoder fine-tuned by the transfer probe with {len(args.probe_seeds)} seeds, "
         "validation splits (test never read). Steps: the first preset's own budget; the others "
-        "the steps that take the same minutes on this machine, timed side by side.", "",
-        *table(results), ""])
-    print(text)
-    write_section(text)
+        "the steps that take the same minutes on this machine, timed side by side. Held-out MLM "
+        "accuracy is at each preset's own masking rate, so it does not compare across presets.", "",
+        *table(results), "",
+        *([f"Not run yet: {', '.join(missing)}. One pretraining seed per preset is no finding: the "
+           "spread between two pretraining runs of one recipe is what a lead must clear.", ""]
+          if missing else [])])
 
 
 if __name__ == "__main__":
