@@ -312,7 +312,7 @@ def _check_model_folder(uri: str, root: Path) -> None:
                             "if you trust who wrote it")
 
 
-def _load_pyfunc(uri: str, local: Path, backend: str = "torch"):
+def _load_pyfunc(uri: str, local: Path, backend: str):
     """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model), on `backend`
     (through the environment, as the REST server gets it: any registered model, new or old,
     reads it there); a model MLflow cannot load is one clear line naming it."""

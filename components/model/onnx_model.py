@@ -115,8 +115,8 @@ def onnx_file(model_dir: Path, backend: str) -> Path:
                           "backend torch serves it")
     if backend == "onnx":
         return folder / FP32
-    why = int8_verdict(read_check(folder))
-    if why is not None:
+    if not (folder / INT8).exists():  # the check refused it when the model was trained: say why
+        why = (read_check(folder) or {}).get("refused") or "no int8 check was recorded"
         raise ConfigError(f"{model_dir}: int8 refused: {why}; backend onnx (fp32) or torch serves it")
     return folder / INT8
 
