@@ -43,8 +43,9 @@ def main() -> None:
     args = parser.parse_args()
     p = load_params(args.project / "params.yaml")
     task, cfg = p.finetune.tasks[TASK], p.finetune.model_copy(update={"seeds": args.seeds, "lr_grid": []})
-    rows = []
-    for name, folder in (e.split("=", 1) for e in args.encoder):
+    rows, encoders = [], dict(e.split("=", 1) for e in args.encoder)
+    names = list(encoders)
+    for name, folder in encoders.items():
         for length in args.lengths:
             start = time.perf_counter()
             with tempfile.TemporaryDirectory() as work:
@@ -58,9 +59,9 @@ def main() -> None:
             print(rows[-1], flush=True)
     write_section("\n".join([
         SECTION, "",
-        f"Reproduce: `python benchmarks/long_windows.py --encoder {' '.join(args.encoder)} --lengths "
-        f"{' '.join(map(str, args.lengths))}` ({torch.get_num_threads()} threads per fit, fits side by side "
-        "as the finetune stage runs them).",
+        f"Reproduce: `python benchmarks/long_windows.py --encoder {' '.join(n + '=DIR' for n in names)} "
+        f"--lengths {' '.join(map(str, args.lengths))}` ({torch.get_num_threads()} threads, fits side by "
+        "side as the finetune stage runs them; each DIR an encoder folder).",
         "",
         f"{TASK} (whole articles in overlapping windows, the mean of a row's windows' logits), each "
         f"encoder and window length fine-tuned at the task's protocol ({task.epochs or cfg.epochs} epoch, "
