@@ -202,7 +202,24 @@ def section(args: argparse.Namespace, steps: dict[str, int], results: list[dict]
         *table(results), "",
         *([f"Not run yet: {', '.join(missing)}. One pretraining seed per preset is no finding: the "
            "spread between two pretraining runs of one recipe is what a lead must clear.", ""]
-          if missing else [])])
+          if missing else [verdict(results), ""])])
+
+
+def verdict(results: list[dict]) -> str:
+    """Which preset leads on the probe mean, and whether the lead clears the spread: the larger
+    range between one preset's pretraining seeds, and the best seed of the others."""
+    means: dict[str, list[float]] = {}
+    for r in results:
+        means.setdefault(r["preset"], []).append(r["probe"]["mean"] * 100)
+    ranked = sorted(means, key=lambda n: -statistics.mean(means[n]))
+    best, rest = ranked[0], ranked[1:]
+    lead = statistics.mean(means[best]) - max(statistics.mean(means[n]) for n in rest)
+    spread = max(max(v) - min(v) for v in means.values())
+    clears = lead > spread and min(means[best]) > max(max(means[n]) for n in rest)
+    return (f"**{best}** leads by {lead:.2f} points on the probe mean; the larger range between one "
+            f"preset's pretraining seeds is {spread:.2f}"
+            + (", and its worst seed is above every other preset's best: a finding." if clears
+               else ": within the spread, no finding."))
 
 
 if __name__ == "__main__":
