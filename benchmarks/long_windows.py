@@ -26,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.exported import project_option  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
 from components.training.finetune import probe_fits  # noqa: E402
@@ -39,12 +40,11 @@ def main() -> None:
     parser.add_argument("--encoder", nargs="+", required=True, metavar="NAME=DIR")
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--project", type=Path, default=ROOT, help="whose task data and params")
+    project_option(parser)
     args = parser.parse_args()
     p = load_params(args.project / "params.yaml")
     task, cfg = p.finetune.tasks[TASK], p.finetune.model_copy(update={"seeds": args.seeds, "lr_grid": []})
     rows, encoders = [], dict(e.split("=", 1) for e in args.encoder)
-    names = list(encoders)
     for name, folder in encoders.items():
         for length in args.lengths:
             start = time.perf_counter()
@@ -59,7 +59,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     write_section("\n".join([
         SECTION, "",
-        f"Reproduce: `python benchmarks/long_windows.py --encoder {' '.join(n + '=DIR' for n in names)} "
+        f"Reproduce: `python benchmarks/long_windows.py --encoder {' '.join(n + '=DIR' for n in encoders)} "
         f"--lengths {' '.join(map(str, args.lengths))}` ({torch.get_num_threads()} threads, fits side by "
         "side as the finetune stage runs them; each DIR an encoder folder).",
         "",
