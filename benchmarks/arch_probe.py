@@ -9,8 +9,8 @@ side (an N-step run less an N/4-step one, so start-up is not counted), and each 
 first one's phase split, warmup share and validation count. The step counts are recorded: a
 rerun with `--steps PRESET=N` trains exactly the same encoders anywhere.
 
-Usage:  python benchmarks/arch_probe.py [--presets params.yaml params-modern.yaml]
-        [--seeds 42 43] [--probe-seeds 1 2 3] [--workdir DIR] [--steps params-modern.yaml=N]
+Usage:  python benchmarks/arch_probe.py [--presets params-classic.yaml params.yaml]
+        [--seeds 42 43] [--probe-seeds 1 2 3] [--workdir DIR] [--steps params.yaml=N]
         [--encoder params.yaml:42=data/models/encoder]
 Needs the data stages' outputs (tokenizer, clean corpus) and the prepared probe tasks (`make
 run` makes them). `--encoder` names an encoder already trained as that preset and seed at the
@@ -133,7 +133,7 @@ def table(results: list[dict]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=["params.yaml", "params-modern.yaml"])
+    parser.add_argument("--presets", nargs="+", default=["params-classic.yaml", "params.yaml"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 43], help="pretraining seeds")
     parser.add_argument("--probe-seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertflow-arch-probe"))

@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
-    p = load_params(ROOT / "params.yaml")
+    p = load_params(ROOT / "params-classic.yaml")  # the classic recipe these rows measure
     size = p.model.presets[p.model.preset]
     cfg = BertConfig(vocab_size=p.tokenizer.vocab_size, hidden=size.hidden, layers=size.layers,
                      heads=size.heads, intermediate=size.intermediate, dropout=p.model.dropout)

@@ -43,7 +43,7 @@ def prepare(work: Path) -> None:
     from components.data.ingest import ingest
     from components.data.tokenizer import train_tokenizer
 
-    p = load_params(ROOT / "params.yaml")
+    p = load_params(ROOT / "params-classic.yaml")  # the classic recipe these rows measure
     if not (work / "tokenizer" / "tokenizer.json").exists():
         ingest(p.ingest, ROOT, ROOT / p.paths.packages, work / "raw")
         clean(p.clean, p.executor, work / "raw", work / "clean")
@@ -56,7 +56,7 @@ def throughput(work: Path, repeats: int) -> dict:
     from components.data import validation
     from components.data.pairs import make_pairs
 
-    p = load_params(ROOT / "params.yaml")
+    p = load_params(ROOT / "params-classic.yaml")  # the classic recipe these rows measure
     tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
     sentences = [s for split in ("train", "heldout") for path in list_shards(work / "clean" / split)
                  for doc in pq.read_table(path)["sentences"].to_pylist() for s in doc]
@@ -124,7 +124,7 @@ def memory(work: Path) -> dict:
             for split in ("train", "heldout"):
                 replicate(work / "clean" / split, base / "clean" / split, scale, rename=False)
         setup = (f"from pathlib import Path; from components.core.params import load_params; "
-                 f"p = load_params('{ROOT / 'params.yaml'}'); b = Path('{base}'); ")
+                 f"p = load_params('{ROOT / 'params-classic.yaml'}'); b = Path('{base}'); ")
         out[f"clean_x{scale}"] = peak_rss(
             setup + "from components.data.clean import clean; "
                     "clean(p.clean, p.executor, b / 'raw', b / 'clean-out')")

@@ -1,6 +1,6 @@
-"""What share of the tokens a pretraining batch computes are padding: the default's NSP pairs
+"""What share of the tokens a pretraining batch computes are padding: the classic recipe's NSP pairs
 (Google's target lengths, 10% of them short), whole sentences packed (pairs.mode packing,
-RoBERTa's) and the documents' tokens streamed into full rows (stream, as params-modern.yaml
+RoBERTa's) and the documents' tokens streamed into full rows (stream, as params.yaml
 trains), from the same clean corpus and tokenizer.
 
 Both are built here in a temporary folder by the pairs stage's own code, then streamed as the

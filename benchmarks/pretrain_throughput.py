@@ -1,12 +1,12 @@
 """Pretraining step throughput: our encoders against transformers', interleaved in one run.
 
-Each pair trains the same shape (the preset from params.yaml) on the same masked batch, with the
-same thread count, dropout and AdamW: our classic encoder against `BertForPreTraining`, our
-modern one against `ModernBertForMaskedLM` (both `attn_implementation="sdpa"`; ModernBERT with
-`sparse_prediction`, so it too decodes only the masked positions). In fp32, and in bf16 autocast
-where the CPU has AMX (`amx_bf16` in /proc/cpuinfo), where bf16 matrix products run several
-times the fp32 rate. Each precision's matrix-product rate is measured in the same run; model
-FLOPs utilisation (MFU) is against it.
+Each pair trains the same shape (params-classic.yaml's preset unless --preset) on the same
+masked batch, with the same thread count, dropout and AdamW: our classic encoder against
+`BertForPreTraining`, our modern one against `ModernBertForMaskedLM` (both
+`attn_implementation="sdpa"`; ModernBERT with `sparse_prediction`, so it too decodes only the
+masked positions). In fp32, and in bf16 autocast where the CPU has AMX (`amx_bf16` in
+/proc/cpuinfo), where bf16 matrix products run several times the fp32 rate. Each precision's
+matrix-product rate is measured in the same run; model FLOPs utilisation (MFU) is against it.
 
 Usage:  python benchmarks/pretrain_throughput.py [--preset mini] [--steps 12] [--bf16 auto|yes|no]
 Writes the "Pretraining step" section of benchmarks/RESULTS.md.
@@ -130,7 +130,7 @@ def measure(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bool,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p = load_params(ROOT / "params.yaml")
+    p = load_params(ROOT / "params-classic.yaml")  # the classic recipe these rows measure
     parser.add_argument("--preset", default=p.model.preset)
     parser.add_argument("--steps", type=int, default=12, help="timed steps per model")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

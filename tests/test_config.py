@@ -110,7 +110,8 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("tokenizer.vocab_size", 10, "tokenizer.vocab_size: must be at least 64"),
     ("pairs.max_seq_len", 6, "pairs.max_seq_len: must be at least 8"),
     ("pairs.max_seq_len", 1024, "pairs.max_seq_len: must not exceed model.max_position (512)"),
-    ("model.preset", "huge", "model.preset: must be one of ['base', 'mini', 'modern-base', 'tiny']"),
+    ("model.preset", "huge",
+     "model.preset: must be one of ['base', 'mini', 'modern-base', 'modern-mini', 'tiny']"),
     ("pretrain.warmup_steps", 10**9, "pretrain.warmup_steps: must be between 0 and pretrain.max_steps"),
     ("pretrain.head_warmup_steps", 10, "pretrain.head_warmup_steps: needs pretrain.init_from"),
     ("finetune.init", ["scratch"], "finetune.init: must include pretrained"),
@@ -236,8 +237,10 @@ def test_the_minilm_preset_is_its_differences_from_params_yaml():
     # shapes, and the task rates (params.yaml's are the mini encoder's).
     def data_of(tasks):
         return {name: t.model_copy(update={"lr": 0.0}) for name, t in tasks.items()}
-    assert (preset.paths.clean, preset.paths.tasks, data_of(preset.finetune.tasks), preset.pairs) == \
-        (base.paths.clean, base.paths.tasks, data_of(base.finetune.tasks), base.pairs)
+    assert (preset.paths.clean, preset.paths.tasks, data_of(preset.finetune.tasks)) == \
+        (base.paths.clean, base.paths.tasks, data_of(base.finetune.tasks))
+    # A BERT continues on BERT's recipe, not the modern default's.
+    assert (preset.pairs.mode, preset.pretrain.mlm_probability) == ("nsp", 0.15)
     assert preset.finetune.tasks["conll2003-ner"].lr < base.finetune.tasks["conll2003-ner"].lr
     assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
     # Its control: the same continued pretraining in which only the fresh heads learn.
@@ -246,6 +249,19 @@ def test_the_minilm_preset_is_its_differences_from_params_yaml():
     assert heads.pretrain.model_copy(update={"head_warmup_steps": preset.pretrain.head_warmup_steps}) \
         == preset.pretrain
     assert (heads.paths.models, heads.paths.metrics) != (preset.paths.models, preset.paths.metrics)
+
+
+def test_the_classic_preset_is_bert_s_recipe_beside_the_modern_default():
+    preset, base = load_params(ROOT / "params-classic.yaml"), load_params(ROOT / "params.yaml")
+    assert (base.model.arch, base.pairs.mode) == ("modern", "stream")
+    assert (preset.model.arch, preset.pairs.mode, preset.pretrain.packed_attention,
+            preset.pretrain.mlm_probability) == ("classic", "nsp", "across", 0.15)
+    # The same corpus, tokenizer and tasks; its own pairs, encoder and metrics.
+    assert (preset.paths.clean, preset.paths.tokenizer, preset.paths.tasks, preset.tokenizer,
+            preset.finetune) == (base.paths.clean, base.paths.tokenizer, base.paths.tasks,
+                                 base.tokenizer, base.finetune)
+    assert {preset.paths.pairs, preset.paths.models, preset.paths.metrics}.isdisjoint(
+        {base.paths.pairs, base.paths.models, base.paths.metrics})
 
 
 def test_extends_merges_mappings_and_names_a_missing_or_circular_base(tmp_path):
