@@ -58,6 +58,15 @@ def small_params(**sections: dict) -> dict:
     return copy.deepcopy(merge(merge(base, SMALL), sections))  # nothing shared with SMALL
 
 
+def classic_recipe(**sections: dict) -> dict:
+    """params-classic.yaml's recipe (BERT's block on NSP pairs) with `sections` merged in, as
+    small_params' sections: for tests of what only the classic encoder has (NSP, ELECTRA)."""
+    from components.core.params import merge
+
+    data = yaml.safe_load((ROOT / "params-classic.yaml").read_text())
+    return merge({k: v for k, v in data.items() if k not in ("extends", "paths")}, sections)
+
+
 @functools.cache
 def project_params():
     """The project's params.yaml, loaded (the values every default of a test comes from)."""

@@ -20,7 +20,7 @@ from components.core.guard import OWNED
 from components.model.masking import Masker
 from components.training.common import linear_schedule
 from components.training.pretrain_data import PairBatches, list_row_groups, masking_spec
-from tests.conftest import BIN, run_cli, section, small_params, write_params
+from tests.conftest import BIN, classic_recipe, run_cli, section, small_params, write_params
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,9 @@ def _project(root: Path, stages_dir: Path, pairs_dir: Path, **pretrain) -> Path:
     settings = {"max_steps": 120, "warmup_steps": 10, "batch_size": 16, "val_every_steps": 40,
                 "snapshot_every_steps": 10, "log_every_steps": 10,
                 "short_seq_len": 32, "short_seq_steps": 40, "accelerator": "cpu", **pretrain}
-    return write_params(root, small_params(model={"preset": "tiny"}, pretrain=settings,
-                                           tracking={"uri": "sqlite:///mlflow.db"}))
+    # The classic recipe, as the NSP pairs copied in (BertForPreTraining's export, ELECTRA).
+    return write_params(root, small_params(**classic_recipe(model={"preset": "tiny"}, pretrain=settings,
+                                                            tracking={"uri": "sqlite:///mlflow.db"})))
 
 
 def _weights(export: Path) -> dict[str, torch.Tensor]:
