@@ -160,12 +160,13 @@ def stages_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def pairs_out(stages_dir) -> tuple[Path, dict]:
-    """The pairs stage on the small corpus (default params), once per session."""
+    """The pairs stage on the small corpus in NSP mode (the classic recipe's sentence pairs), once
+    per session."""
     from components.core.config import ExecutorConfig, PairsConfig
     from components.data.pairs import make_pairs
 
-    stats = make_pairs(section(PairsConfig), section(ExecutorConfig, workers=2), stages_dir / "clean",
-                       stages_dir / "tokenizer", stages_dir / "pairs")
+    stats = make_pairs(section(PairsConfig, mode="nsp"), section(ExecutorConfig, workers=2),
+                       stages_dir / "clean", stages_dir / "tokenizer", stages_dir / "pairs")
     return stages_dir / "pairs", stats
 
 

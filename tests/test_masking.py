@@ -46,7 +46,7 @@ def test_rates_80_10_10_and_no_special_selected(real, unit):
     out = _mask_all(ids, spec)
     selected = out["mlm_labels"] != IGNORE
     candidates = ~torch.isin(ids, torch.tensor(spec.special_ids))
-    assert abs(selected.sum() / candidates.sum() - 0.15) <= 0.01
+    assert abs(selected.sum() / candidates.sum() - spec.mlm_probability) <= 0.01
     assert not (selected & ~candidates).any()  # no special token ever selected
     assert torch.equal(out["mlm_labels"][selected], ids[selected])  # labels are the originals
     assert torch.equal(out["input_ids"][~selected], ids[~selected])  # nothing else touched

@@ -127,6 +127,33 @@ def test_packed_documents_attend_only_within_themselves(arch):
     assert not torch.allclose(across[0, 9:], alone[1][0], atol=1e-3)
 
 
+def test_attention_maps_are_the_ones_the_modern_encoder_attends_with(tiny_modern_encoder):
+    # `bertflow attention` recomputes SDPA's weights from each layer's rotated q and k: applied
+    # to v they give the attention module's own output, and the local layer's stay in its window.
+    from components.lifecycle.explore import attention_maps, load_encoder
+
+    enc = load_encoder(tiny_modern_encoder)
+    text = "the boat was tied to the river bank , far from the open sea and the old harbour ."
+    tokens, maps = attention_maps(enc, text)
+    T, heads = len(tokens), enc.cfg.heads
+    assert maps.shape == (2, heads, T, T) and T > enc.cfg.local_window + 2
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    blocks = enc.model.encoder.blocks
+    hooks = [b.attn.register_forward_hook(lambda m, args, out: seen.append((args[0], out))) for b in blocks]
+    ids = torch.tensor([enc.tokenizer.encode(text).ids])
+    with torch.no_grad():
+        enc.model.encoder(ids, attention_mask=torch.ones_like(ids))
+        for block, layer_maps, (x, out) in zip(blocks, maps, seen, strict=True):
+            H = x.shape[-1]
+            v = block.attn.qkv(x).view(1, T, 3, heads, H // heads)[:, :, 2].transpose(1, 2)  # (1, h, T, d)
+            mixed = (torch.from_numpy(layer_maps) @ v[0]).transpose(0, 1).reshape(1, T, H)
+            assert torch.allclose(block.attn.out(mixed), out, atol=1e-5)
+    for hook in hooks:
+        hook.remove()
+    far = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs() > enc.cfg.local_window // 2
+    assert maps[0][:, far].max() > 0 and maps[1][:, far].max() == 0  # global, then local (window 8)
+
+
 @pytest.mark.slow
 def test_a_modern_bert_checkpoint_is_continued(stages_dir, pairs_out, tmp_path):
     # pretrain.init_from names a folder transformers wrote (random weights: none ships offline).

@@ -200,12 +200,13 @@ def test_pairs_stage_on_real_corpus(pairs_out, stages_dir):
 
 def test_same_seed_gives_byte_identical_shards_whatever_the_workers(pairs_out, stages_dir, tmp_path):
     out, _ = pairs_out
-    make_pairs(section(PairsConfig), SERIAL, stages_dir / "clean", stages_dir / "tokenizer", tmp_path / "p")
+    nsp = section(PairsConfig, mode="nsp")
+    make_pairs(nsp, SERIAL, stages_dir / "clean", stages_dir / "tokenizer", tmp_path / "p")
     for split in ("train", "heldout"):
         a, b = list_shards(out / split), list_shards(tmp_path / "p" / split)
         assert [x.name for x in a] == [y.name for y in b]
         assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b, strict=True))
-    make_pairs(section(PairsConfig, seed=99), SERIAL, stages_dir / "clean", stages_dir / "tokenizer",
+    make_pairs(nsp.model_copy(update={"seed": 99}), SERIAL, stages_dir / "clean", stages_dir / "tokenizer",
                tmp_path / "q")
     assert list_shards(tmp_path / "q" / "train")[0].read_bytes() != \
         list_shards(out / "train")[0].read_bytes()
@@ -312,7 +313,7 @@ def test_special_tokens_written_in_text_stay_text(stages_dir, tmp_path):
             "sentences": [[f"Put a [SEP] here in doc {i}.", "And [MASK] or [CLS] there.",
                            "Then a third sentence."] for i in range(n)],
         }), clean_dir / split / "part-00000.parquet")
-    make_pairs(section(PairsConfig), SERIAL, clean_dir, stages_dir / "tokenizer", tmp_path / "p")
+    make_pairs(section(PairsConfig, mode="nsp"), SERIAL, clean_dir, stages_dir / "tokenizer", tmp_path / "p")
     tok = load(stages_dir / "tokenizer")
     table = pq.read_table(list_shards(tmp_path / "p" / "train")[0])
     specials = {tok.token_to_id(t) for t in ("[SEP]", "[MASK]", "[CLS]")}
