@@ -99,6 +99,30 @@ def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
             for p in sorted(root.rglob("*")) if not p.name.startswith(skip)}
 
 
+def assert_maps_are_attended_with(enc, text: str, maps) -> None:
+    """`maps` (layers, heads, T, T), applied to each layer's values, give its attention module's
+    own output on `text`: the weights SDPA applied without returning them (either arch)."""
+    import torch
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    blocks = enc.model.encoder.blocks
+    hooks = [b.attn.register_forward_hook(lambda m, args, out: seen.append((args[0], out))) for b in blocks]
+    ids = torch.tensor([enc.tokenizer.encode(text).ids])
+    try:
+        with torch.no_grad():
+            enc.model.encoder(ids, attention_mask=torch.ones_like(ids))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        for block, layer_maps, (x, out) in zip(blocks, maps, seen, strict=True):
+            B, T, H = x.shape
+            heads = layer_maps.shape[0]
+            v = block.attn.qkv(x).view(B, T, 3, heads, H // heads)[:, :, 2].transpose(1, 2)  # (B, h, T, d)
+            mixed = (torch.from_numpy(layer_maps) @ v[0]).transpose(0, 1).reshape(1, T, H)
+            assert torch.allclose(block.attn.out(mixed), out, atol=1e-5)
+
+
 def run_cli(*args: str, cwd: Path, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a console command of the venv (bertflow, dvc, git) in `cwd`, with `env` added."""

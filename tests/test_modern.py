@@ -12,7 +12,7 @@ import torch
 
 from components.model.build import build_model
 from components.model.config import BertConfig
-from tests.conftest import PACKAGES, make_task_project, run_cli, section
+from tests.conftest import PACKAGES, assert_maps_are_attended_with, make_task_project, run_cli, section
 
 CFG = BertConfig(vocab_size=120, hidden=32, layers=4, heads=2, intermediate=48, dropout=0.0, arch="modern",
                  local_window=8, global_every=3, layer_norm_eps=1e-5, max_position=256)
@@ -137,19 +137,7 @@ def test_attention_maps_are_the_ones_the_modern_encoder_attends_with(tiny_modern
     tokens, maps = attention_maps(enc, text)
     T, heads = len(tokens), enc.cfg.heads
     assert maps.shape == (2, heads, T, T) and T > enc.cfg.local_window + 2
-    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    blocks = enc.model.encoder.blocks
-    hooks = [b.attn.register_forward_hook(lambda m, args, out: seen.append((args[0], out))) for b in blocks]
-    ids = torch.tensor([enc.tokenizer.encode(text).ids])
-    with torch.no_grad():
-        enc.model.encoder(ids, attention_mask=torch.ones_like(ids))
-        for block, layer_maps, (x, out) in zip(blocks, maps, seen, strict=True):
-            H = x.shape[-1]
-            v = block.attn.qkv(x).view(1, T, 3, heads, H // heads)[:, :, 2].transpose(1, 2)  # (1, h, T, d)
-            mixed = (torch.from_numpy(layer_maps) @ v[0]).transpose(0, 1).reshape(1, T, H)
-            assert torch.allclose(block.attn.out(mixed), out, atol=1e-5)
-    for hook in hooks:
-        hook.remove()
+    assert_maps_are_attended_with(enc, text, maps)
     far = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs() > enc.cfg.local_window // 2
     assert maps[0][:, far].max() > 0 and maps[1][:, far].max() == 0  # global, then local (window 8)
 
