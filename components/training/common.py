@@ -72,7 +72,11 @@ def has_amx() -> bool:
 
 
 def resolve_precision(precision: str) -> str:
-    """`auto`: bf16 mixed precision on CUDA, fp32 on CPU (bf16 is ~100x slower on these CPUs)."""
+    """`auto`: bf16 mixed precision on CUDA with bf16 and on CPUs with AMX (there bf16 products run
+    several times the fp32 rate and the probe at equal minutes loses nothing; benchmarks/RESULTS.md,
+    "bf16 on CPU"); fp32 on other CPUs, which emulate bf16 far slower than fp32."""
     if precision != "auto":
         return precision
-    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if has_amx() else "32-true"
