@@ -63,7 +63,9 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
     from components.training.finetune import finetune_task
 
     task = p.finetune.tasks[name]
-    cfg = p.finetune.model_copy(update={"init": ["pretrained"], "seeds": [seed], "workers": 1})
+    # fp32 like the Trainer beside it (`auto` would take bf16 on an AMX CPU)
+    cfg = p.finetune.model_copy(update={"init": ["pretrained"], "seeds": [seed], "workers": 1,
+                                        "precision": "32-true"})
     out = work / f"bertflow-{name}-{seed}"
     start = time.perf_counter()
     stats = finetune_task(name, task, cfg, task_dir, encoder, out)
