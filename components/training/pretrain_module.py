@@ -83,7 +83,11 @@ class PretrainModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # ELECTRA samples its replacements: the same draws at every evaluation of a batch.
         torch.manual_seed(mix(self.cfg.seed, 1, self.global_rank, batch_idx))
-        out = self.model(**{k: v for k, v in batch.items() if k != "instance_id"})
+        # Held-out scores are of the fp32 weights, as fine-tuning's are: under bf16 autocast
+        # they changed in the 5th digit between a run straight through and one resumed from a
+        # snapshot, on the same weights.
+        with torch.autocast(self.device.type, enabled=False):
+            out = self.model(**{k: v for k, v in batch.items() if k != "instance_id"})
         if "rtd_logits" in out:
             self._val["rtd_correct"] += float(((out["rtd_logits"] > 0) == out["rtd_targets"]).sum())
             self._val["rtd_total"] += out["rtd_targets"].numel()
