@@ -36,21 +36,15 @@ VARIANTS = {
     "mmap_max=0, trim_threshold=1 GiB": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824",
 }
 CHILD = """
-import json, sys, time
+import json, sys
 from pathlib import Path
+from benchmarks.arch_probe import QUIET, trainer
 from components.core.params import load_params
-from components.training.pretrain import pretrain
-p = load_params(Path("params.yaml"))
 steps, short, out = int(sys.argv[1]), sys.argv[2] == "short", Path(sys.argv[3])
-cfg = p.pretrain.model_copy(update={"max_steps": steps, "warmup_steps": 0,
-    "short_seq_steps": steps if short else 0, "val_every_steps": 10**9,
-    "snapshot_every_steps": 10**9, "log_every_steps": 10**9, "max_minutes": 0.0})
-start = time.perf_counter()
-pretrain(model=p.model, cfg=cfg, pairs_dir=Path(p.paths.pairs), tokenizer_dir=Path(p.paths.tokenizer),
-         out_dir=out / "encoder", work_dir=out / "snapshots")
-print(json.dumps({"wall": time.perf_counter() - start}))
+run = trainer(load_params(Path("params.yaml")), out, "malloc")
+wall = run(out / "encoder", **QUIET, max_steps=steps, warmup_steps=0, short_seq_steps=steps if short else 0)[0]
+print(json.dumps({"wall": wall}))
 """
-
 
 def run(steps: int, short: bool, tunables: str) -> dict:
     """One pretraining run in a fresh process: its wall seconds, minor faults, user and system time."""
