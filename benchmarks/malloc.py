@@ -42,7 +42,8 @@ from benchmarks.arch_probe import QUIET, trainer
 from components.core.params import load_params
 steps, short, out = int(sys.argv[1]), sys.argv[2] == "short", Path(sys.argv[3])
 run = trainer(load_params(Path("params.yaml")), out, "malloc")
-wall = run(out / "encoder", **QUIET, max_steps=steps, warmup_steps=0, short_seq_steps=steps if short else 0)[0]
+wall = run(out / "encoder", **QUIET, max_steps=steps, warmup_steps=0,
+           short_seq_steps=steps if short else 0)[0]
 print(json.dumps({"wall": wall}))
 """
 
