@@ -125,13 +125,33 @@ def _adapt(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
     return stats
 
 
+def _teacher(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.training.teacher import fit_teacher
+
+    out = root / p.paths.models / "teachers" / task
+    stats = fit_teacher(task, p.finetune.tasks[task], p.finetune, p.distill, "distilled" in p.finetune.init,
+                        root, root / p.paths.packages, root / p.paths.tasks / task, out)
+    if run is not None and stats["teacher"]:
+        run.log_artifact(out / "model", "model")
+    return stats
+
+
+def _transfer_set(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+    from components.training.transfer_set import build_transfer
+
+    return build_transfer(task, p.finetune.tasks[task], p.finetune, p.distill, "distilled" in p.finetune.init,
+                          root / p.paths.tasks / task, root / p.paths.models / "encoder",
+                          root / p.paths.models / "teachers" / task, root / p.paths.models / "transfer-set" / task)
+
+
 def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
     from components.training.finetune import finetune_task
 
     out = root / p.paths.models / "tasks" / task
     stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
                           root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
-                          root / p.paths.models / "adapted" / task)
+                          root / p.paths.models / "adapted" / task, p.distill,
+                          root / p.paths.models / "transfer-set" / task)
     if run is not None:
         run.log_artifact(out / "model", "model")
         _log_search(p, root, run, task, stats)
@@ -172,6 +192,9 @@ FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
     "min_steps", "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf",
     "span_threshold", "onnx", "precision", "grad_clip", "deterministic", "workers"))
 
+TEACHER_PARAMS = tuple(p for p in FINETUNE_PARAMS
+                       if p not in ("finetune.seeds", "finetune.lr", "finetune.lr_grid", "finetune.onnx"))
+
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",), replaces=lambda p, task: ("paths.raw", p.paths.raw)),
     Stage("clean", _clean, ("clean",), replaces=lambda p, task: ("paths.clean", p.paths.clean)),
@@ -189,7 +212,16 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "model", "pretrain"),
           per_task=True,
           replaces=lambda p, task: (f"paths.models (adapted/{task})", f"{p.paths.models}/adapted/{task}")),
-    Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS), per_task=True,
+    # The student's own settings (seeds, rates, temperature) rerun no teacher.
+    Stage("teacher", _teacher, ("distill.teacher", "distill.teacher_seeds", "distill.teacher_lr_grid",
+                                "finetune.tasks.{task}", *TEACHER_PARAMS), per_task=True,
+          replaces=lambda p, task: (f"paths.models (teachers/{task})", f"{p.paths.models}/teachers/{task}")),
+    Stage("transfer_set", _transfer_set, ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k",
+                                          "distill.seed", "finetune.init", "finetune.tasks.{task}",
+                                          "finetune.max_seq_len", "finetune.batch_size"), per_task=True,
+          replaces=lambda p, task: (f"paths.models (transfer-set/{task})", f"{p.paths.models}/transfer-set/{task}")),
+    Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS, "distill.temperature",
+                                  "distill.alpha"), per_task=True,
           replaces=lambda p, task: (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
           artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),

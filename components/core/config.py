@@ -271,6 +271,7 @@ class TaskConfig(Section):
     span_decoding: Literal["nested", "greedy"] = doc("Span tasks: all spans, or non-overlapping.", "nested")
     tag_decoding: Literal["valid", "free"] = doc("BIO token tasks: only sequences a BIO reader accepts, "
                                                  "or each word's own best tag.", "valid")
+    teacher_lr: Decay = doc("The `distilled` start's teacher: its peak rate; 0 takes distill.teacher_lr_grid.", 0.0)
 
     @checks
     def _rate(self) -> None:
@@ -280,7 +281,8 @@ class FinetuneConfig(Section):
     """Stages `task_data@task` and `finetune@task`: each task from each init over several seeds."""
     tasks: dict[str, TaskConfig] = doc("Tasks by name; dvc.yaml runs one stage of each kind per task.")
     seeds: Annotated[list[int], rule(bool, "needs at least one seed")] = doc("Seeds; the first is exported.")
-    init: list[Literal["pretrained", "scratch", "checkpoint", "adapted"]] = doc("Arms, each over all seeds.")
+    init: list[Literal["pretrained", "scratch", "checkpoint", "adapted", "distilled"]] = doc(
+        "Arms, each over all seeds.")
     max_seq_len: AtLeast8 = doc("Tokens per example.")
     batch_size: AtLeast1 = doc("Examples per step.")
     lr: Rate = doc("Peak learning rate (AdamW; linear warmup over 10% of the steps, then linear decay).")
@@ -317,6 +319,21 @@ class AdaptConfig(Section):
     batch_size: AtLeast1 = doc("Sequences per step.")
     max_seq_len: AtLeast8 = doc("Tokens per sequence: the task's examples are packed back to back.")
 
+class DistillConfig(Section):
+    """Stages `teacher@task` and `transfer_set@task` (finetune.init has `distilled`): the pretrained
+    encoder fine-tuned on a teacher's soft targets over the training split and more."""
+    teacher: str = doc("Checkpoint fine-tuned on each task as its teacher: a packaged name or a folder.")
+    teacher_seeds: Annotated[list[int], rule(bool, "needs at least one seed")] = doc(
+        "The teacher's seeds: the first labels the transfer set, every one is scored.")
+    teacher_lr_grid: Annotated[Rates, rule(bool, "needs at least one rate")] = doc(
+        "The teacher's rates, chosen on validation (a task's teacher_lr skips the search).")
+    temperature: Rate = doc("Softens the teacher's and the student's distributions alike (Hinton et al.).")
+    alpha: Share = doc("Weight of the soft targets in the loss; the gold labels take 1 - alpha.")
+    augment_copies: Count = doc("Copies of each training example with words the encoder's MLM replaced.")
+    augment_prob: Share = doc("Share of an example's replaceable words (one subword, letters) replaced.")
+    augment_top_k: AtLeast1 = doc("A replacement is drawn from the MLM's k most likely words.")
+    seed: int = doc("Seed of the augmentation.")
+
 class EvaluateConfig(Section):
     """Stages `evaluate@task` and `transfer`: metrics per fit, and what pretraining bought."""
     tfidf_baseline: bool = doc("Add a TF-IDF + logistic regression reference for text classification.")
@@ -345,6 +362,7 @@ class Params(Section):
     pretrain: PretrainConfig = doc("Stage pretrain.")
     finetune: FinetuneConfig = doc("Stage finetune.")
     adapt: AdaptConfig = doc("Stage adapt (the `adapted` start).")
+    distill: DistillConfig = doc("Stages teacher and transfer (the `distilled` start).")
     evaluate: EvaluateConfig = doc("Stage evaluate.")
     tracking: TrackingConfig = doc("MLflow.")
     schedule: ScheduleConfig = doc("Scheduled runs.")

@@ -58,6 +58,25 @@ class CRF(nn.Module):
             alpha = torch.where(mask[:, w, None], nxt, alpha)
         return (torch.logsumexp(alpha + self.end, dim=1) - score).mean()
 
+    def log_marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """log P(word w has tag c | sentence) under the CRF, (B, W, C) (differentiable; rows
+        past a sentence's end are meaningless): forward and backward recursions, then
+        alpha + beta - log Z. Distillation's per-word distributions."""
+        B, W, C = emissions.shape
+        alphas = [self.start + emissions[:, 0]]  # (B, C) each: paths ending in a tag at w
+        for w in range(1, W):
+            nxt = torch.logsumexp(alphas[-1][:, :, None] + self.transitions + emissions[:, w, None, :], dim=1)
+            alphas.append(torch.where(mask[:, w, None], nxt, alphas[-1]))
+        # beta at a sentence's last word is `end`; before it, the paths from each tag to the end.
+        lengths = mask.sum(1)  # (B,)
+        betas = [self.end.expand(B, C)]
+        for w in range(W - 2, -1, -1):
+            nxt = torch.logsumexp(self.transitions + (emissions[:, w + 1] + betas[0])[:, None, :], dim=2)
+            betas.insert(0, torch.where((lengths > w + 1)[:, None], nxt, self.end.expand(B, C)))
+        alpha, beta = torch.stack(alphas, 1), torch.stack(betas, 1)  # (B, W, C)
+        log_z = torch.logsumexp(alphas[-1] + self.end, dim=1)  # (B,)
+        return alpha + beta - log_z[:, None, None]
+
     def viterbi(self, emissions: torch.Tensor, mask: torch.Tensor,
                 forbidden: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[int]]:
         """Best tag sequence of each row, of length mask.sum(1); `forbidden` (start (C,),

@@ -34,6 +34,8 @@ class Encoded:
     spans: list[tuple[int, int]] = field(default_factory=list)  # span: enumerated (first, last word)
     span_labels: list[int] = field(default_factory=list)  # span: 0 = NULL, 1.. = label
     doc: int = -1  # long_text chunks: the row this window belongs to (-1: the example is its row)
+    soft: np.ndarray | None = None  # distillation: the teacher's log-probs, (C,), (W, C) or (S, C); NaN: none
+    gold: bool = True  # distillation: False for a row whose labels are not its own (an augmented copy)
 
 
 def label_space(kind: str, labels: list[str], scheme: str = "bio") -> list[str]:
@@ -193,7 +195,22 @@ def collate(examples: list[Encoded], kind: str) -> dict[str, torch.Tensor]:
             width[i, :len(sp)] = sp[:, 1] - sp[:, 0]
             labels[i, :len(sp)] = torch.tensor(e.span_labels)
         batch.update(span_start=start, span_end=end, span_width=width, span_labels=labels)
+    if examples[0].soft is not None:
+        batch.update(_soft(examples))
     return batch
+
+
+def _soft(examples: list[Encoded]) -> dict[str, torch.Tensor]:
+    """The teacher's targets padded to the batch: `soft` (B, C), (B, W, C) or (B, S, C), NaN
+    where there is none, and `gold` (B,), the rows whose labels are their own."""
+    first = examples[0].soft
+    if first.ndim == 1:
+        soft = torch.from_numpy(np.stack([e.soft for e in examples]))
+    else:
+        soft = torch.full((len(examples), max(1, *(len(e.soft) for e in examples)), first.shape[-1]), float("nan"))
+        for i, e in enumerate(examples):
+            soft[i, :len(e.soft)] = torch.from_numpy(e.soft)
+    return {"soft": soft, "gold": torch.tensor([e.gold for e in examples])}
 
 
 def length_batches(lengths: list[int], batch_size: int, rng: np.random.Generator | None) -> list[list[int]]:

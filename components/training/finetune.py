@@ -28,12 +28,13 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader
 
-from components.core.config import FinetuneConfig, TaskConfig
+from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
 from components.core.machine import cpu_facts
 from components.core.progress import bar
 from components.data.tasks.folder import read_meta, read_split
+from components.data.transfer_set import read_transfer
 from components.evaluation.metrics import primary_metric
 from components.model.build import task_model
 from components.model.config import BertConfig, shape_of
@@ -42,6 +43,7 @@ from components.model.folders import load_tokenizer, read_weights, write_task_mo
 from components.model.inputs import Encoded, encode, label_space
 from components.model.metadata import TaskModelInfo, read_checkpoint_info, read_encoder_info
 from components.model.onnx_model import ONNX_DIR, write_onnx
+from components.model.soft_targets import attach_targets
 from components.training.batching import Batches
 from components.training.common import resolve_precision
 from components.training.finetune_module import FinetuneModule, FitSpec, score
@@ -63,11 +65,12 @@ class TaskFits:
     encoder_dir: Path
     weights: dict[str, Path | None]  # init -> the encoder folder it starts from
     out: Path  # the stage's temporary output folder
-    encoded: dict[str, list[Encoded]]
+    encoded: dict[str, list[Encoded]]  # train, valid, test; and the `distilled` start's transfer set
     valid_gold: pa.Table
     test_gold: pa.Table | None  # the ONNX int8 check's (finetune.onnx); None in the probe
     max_len: int  # tokens per example, as resolved for this task
     epochs: int  # the task's, else finetune's
+    distill: tuple[float, float] | None = None  # the `distilled` start's (temperature, alpha)
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,16 @@ def learning_rates(task: TaskConfig, cfg: FinetuneConfig) -> list[float]:
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
                   encoder_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None,
-                  adapted_dir: Path | None = None) -> dict:
+                  adapted_dir: Path | None = None, distill: DistillConfig | None = None,
+                  transfer_dir: Path | None = None) -> dict:
     """Every fit of one task (each init of `cfg.init`, each seed): test predictions and
-    validation curves per fit, and the exported first fit of the first init."""
+    validation curves per fit, and the exported first fit of the first init. The `distilled`
+    start trains the pretrained encoder on the transfer set in `transfer_dir`, with `distill`'s
+    temperature and mix."""
     meta, encoder, tokenizer = _open(name, task, task_dir, encoder_dir)
     bert = encoder.config
     weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir,
-               "adapted": adapted_dir}
+               "adapted": adapted_dir, "distilled": Path(encoder_dir)}
     if "checkpoint" in cfg.init:
         _check_same_shape(checkpoint_dir, bert, encoder_dir)
     if "adapted" in cfg.init and not (adapted_dir and (Path(adapted_dir) / "model.safetensors").exists()):
@@ -111,18 +117,23 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     epochs, lrs = task.epochs or cfg.epochs, learning_rates(task, cfg)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     encoded = _encode(splits, task, cfg, tokenizer, meta, max_len)
+    soft = None
+    if "distilled" in cfg.init:
+        encoded["transfer"] = transfer_examples(transfer_dir, name, task, cfg, tokenizer, meta, max_len)
+        soft = (distill.temperature, distill.alpha)
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
                    "epochs": epochs,
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
                    **({"train_windows": len(encoded["train"])} if task.long_text == "chunks" else {}),
+                   **({"transfer_examples": len(encoded["transfer"])} if soft else {}),
                    "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                if k in encoder.stats}}
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
         shared = TaskFits(name, task, cfg, bert, meta["labels"], meta.get("scheme", ""), Path(encoder_dir),
-                          weights, tmp, encoded, splits["valid"], splits["test"], max_len, epochs)
+                          weights, tmp, encoded, splits["valid"], splits["test"], max_len, epochs, soft)
         workers = worker_count(cfg.workers, len(cfg.init) * max(len(lrs), len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
         this_run: dict = {"workers": workers}
@@ -197,6 +208,17 @@ def _encode(splits: dict[str, pa.Table], task: TaskConfig, cfg: FinetuneConfig, 
             for s, t in splits.items()}
 
 
+def transfer_examples(transfer_dir: Path | None, name: str, task: TaskConfig, cfg: FinetuneConfig, tokenizer,
+                      meta: dict, max_len: int) -> list[Encoded]:
+    """The `distilled` start's training examples: the transfer set (data.transfer_set) encoded
+    for the student, each with its teacher's soft targets."""
+    table, targets = read_transfer(transfer_dir, name, task.kind, meta)
+    examples = encode(table, task.kind, tokenizer, meta["labels"], max_len, task.long_text, cfg.label_subwords,
+                      task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
+    attach_targets(examples, task.kind, targets, table["gold"].to_pylist(), task.max_span_words)
+    return examples
+
+
 def _run(shared: TaskFits, jobs: list[Job], workers: int, desc: str) -> list[dict]:
     """The jobs' summaries, in order: in this process, or side by side in worker processes."""
     if workers == 1:
@@ -266,11 +288,13 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     init, seed = job.init, job.seed
     name = f"{init}-s{seed}"
     spec = FitSpec(task.kind, space, init, seed, shared.epochs, job.lr, task.max_span_words,
-                   task.span_decoding, task.tag_decoding, shared.scheme, task.patience or cfg.patience)
+                   task.span_decoding, task.tag_decoding, shared.scheme, task.patience or cfg.patience,
+                   shared.distill if init == "distilled" else None)
     start = time.perf_counter()
     if job.trained is None:
         work = shared.out / "work" / (f"{name}-lr{job.lr:g}" if job.trial else name)
-        model, history, steps, kept = fit(spec, shared.bert, cfg, shared.weights[init], encoded["train"],
+        train = encoded["transfer" if init == "distilled" else "train"]
+        model, history, steps, kept = fit(spec, shared.bert, cfg, shared.weights[init], train,
                                           encoded["valid"], shared.valid_gold, work)
         spent = 0.0
     else:

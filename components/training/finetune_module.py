@@ -32,7 +32,7 @@ class FitSpec:
 
     kind: str
     space: list[str]
-    init: str  # "pretrained", "scratch", "checkpoint" or "adapted"
+    init: str  # "pretrained", "scratch", "checkpoint", "adapted" or "distilled"
     seed: int
     epochs: int
     lr: float  # peak learning rate: the task's, else finetune.lr
@@ -41,24 +41,66 @@ class FitSpec:
     tag_decoding: str
     scheme: str  # token tasks: bio or plain (the metric: entity F1 or word accuracy)
     patience: int  # validation passes without improvement before stopping: the task's, else finetune's
+    distill: tuple[float, float] | None = None  # the `distilled` start: (temperature, alpha)
+
+
+def outputs(model: torch.nn.Module, kind: str, batch: dict) -> torch.Tensor:
+    """The head's output on one batch: logits (B, C), emissions (B, T, C) or span logits
+    (B, S, 1 + labels)."""
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    if kind == "span":
+        return model(**inputs, **{k: batch[k] for k in SPAN_INPUTS})
+    return model(**inputs)
+
+
+def gold_loss(model: torch.nn.Module, kind: str, out: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The task's loss on the gold labels, given the head's output (rows without gold labels
+    carry IGNORE; with a CRF they are left out by `gold`)."""
+    if kind in ("classification", "pair"):
+        return F.cross_entropy(out, batch["labels"], ignore_index=IGNORE)  # (B, C) vs (B,)
+    if kind == "token":
+        if model.crf is None:
+            return F.cross_entropy(out.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
+        # The CRF scores word-level paths: first subwords' emissions and the words' tags.
+        rows = batch["gold"] if "gold" in batch else torch.ones(len(out), dtype=torch.bool, device=out.device)
+        per_word, kept = word_emissions(out[rows], batch["word_first"][rows])
+        tags = batch["labels"][rows][torch.arange(len(kept))[:, None], batch["word_first"][rows].clamp(min=0)]
+        return model.crf.nll(per_word, tags.clamp(min=0), kept)  # tags (B, W)
+    return F.cross_entropy(out.flatten(0, 1), batch["span_labels"].flatten(), ignore_index=IGNORE)
 
 
 def loss_of(model: torch.nn.Module, kind: str, batch: dict) -> torch.Tensor:
     """The task's training loss on one batch."""
-    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
-    if kind in ("classification", "pair"):
-        return F.cross_entropy(model(**inputs), batch["labels"])  # (B, C) vs (B,)
+    return gold_loss(model, kind, outputs(model, kind, batch), batch)
+
+
+def distilled_loss(model: torch.nn.Module, kind: str, batch: dict, temperature: float,
+                   alpha: float) -> torch.Tensor:
+    """Hinton et al.'s loss: alpha * T^2 * KL(teacher || student), both softened by the
+    temperature T, plus (1 - alpha) * the gold loss on the rows that have gold labels (an
+    augmented copy carries the soft term only). The KL is per row, per word or per span: the
+    units the teacher's targets come in (model.soft_targets); it averages over those with a
+    target."""
+    out = outputs(model, kind, batch)
     if kind == "token":
-        emissions = model(**inputs)  # (B, T, C)
-        if model.crf is None:
-            return F.cross_entropy(emissions.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
-        # The CRF scores word-level paths: first subwords' emissions and the words' tags.
-        per_word, kept = word_emissions(emissions, batch["word_first"])
-        rows = torch.arange(len(kept))[:, None]
-        tags = batch["labels"][rows, batch["word_first"].clamp(min=0)].clamp(min=0)  # (B, W)
-        return model.crf.nll(per_word, tags, kept)
-    logits = model(**inputs, **{k: batch[k] for k in SPAN_INPUTS})  # (B, S, 1 + labels)
-    return F.cross_entropy(logits.flatten(0, 1), batch["span_labels"].flatten(), ignore_index=IGNORE)
+        per_word, kept = word_emissions(out.float(), batch["word_first"])  # (B, W, C)
+        student = (model.crf.log_marginals(per_word, kept) if model.crf is not None
+                   else per_word.log_softmax(-1))
+    else:
+        student = out.float().log_softmax(-1)  # (B, C) or (B, S, C)
+    soft = batch["soft"]  # the teacher's log-probs, NaN where it has none
+    has = soft[..., 0].isfinite()
+    if kind == "token":
+        has = has & kept  # a word the student's truncation cut has no emission
+    teacher = (soft[has] / temperature).log_softmax(-1)  # (N, C): N units with a target
+    loss = out.new_zeros((), dtype=torch.float32)
+    if bool(has.any()):
+        kl = F.kl_div((student[has] / temperature).log_softmax(-1), teacher, log_target=True,
+                      reduction="batchmean")
+        loss = alpha * temperature ** 2 * kl
+    if alpha < 1 and bool(batch["gold"].any()):
+        loss = loss + (1 - alpha) * gold_loss(model, kind, out, batch)
+    return loss
 
 
 def score(kind: str, space: list[str], predictions: list, gold: pa.Table, scheme: str) -> float:
@@ -120,7 +162,10 @@ class FinetuneModule(L.LightningModule):
         self._losses: list[float] = []
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = loss_of(self.model, self.spec.kind, batch)
+        if self.spec.distill is None:
+            loss = loss_of(self.model, self.spec.kind, batch)
+        else:
+            loss = distilled_loss(self.model, self.spec.kind, batch, *self.spec.distill)
         self._losses.append(float(loss.detach()))
         self.log("train/loss", loss, batch_size=len(batch["index"]))
         return loss

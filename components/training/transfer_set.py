@@ -1,0 +1,79 @@
+"""Stage `transfer_set@task`: the transfer set the `distilled` start learns from (data/transfer_set.py):
+the training split and `distill.augment_copies` copies of it with words the pretrained
+encoder's masked LM replaced (training/augment.py), every row labelled by the task's teacher
+(teacher@task) with its soft targets (model/soft_targets.py). The validation and test splits
+never enter it. Without `distilled` in finetune.init the stage writes an empty record.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
+from components.core.errors import DataError
+from components.core.io import atomic_dir, read_json, write_json
+from components.data.tasks.folder import read_meta, read_split
+from components.data.transfer_set import write_transfer
+from components.model.build import task_model
+from components.model.folders import load_tokenizer, read_weights
+from components.model.inputs import encode
+from components.model.metadata import INFO_FILE, TaskModelInfo, read_encoder_info, read_task_model_info
+from components.model.soft_targets import teacher_targets
+from components.training.augment import augment
+
+log = logging.getLogger(__name__)
+
+
+def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, wanted: bool,
+                   task_dir: Path, encoder_dir: Path, teacher_dir: Path, out_dir: Path) -> dict:
+    """The transfer set of one task into `out_dir`; with `wanted` false, an empty record."""
+    if not wanted:
+        with atomic_dir(out_dir) as tmp:
+            write_json(tmp / INFO_FILE, {"transfer": False})
+        return {"transfer": False}
+    meta = read_meta(task_dir)
+    info = check_teacher(Path(teacher_dir) / "model", name, task, meta)
+    train = read_split(task_dir, "train")
+    max_len = min(task.max_seq_len or cfg.max_seq_len, read_encoder_info(encoder_dir).config.max_position)
+    copies = augment(train, task.kind, encoder_dir, distill.augment_copies, distill.augment_prob,
+                     distill.augment_top_k, distill.seed, max_len)
+    table = pa.concat_tables([train, copies])
+    n = train.num_rows
+    table = (table.append_column("source", pa.array(["train"] * n + ["augmented"] * copies.num_rows))
+             .append_column("gold", pa.array([True] * n + [False] * copies.num_rows)))
+    model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
+    model.load_state_dict(read_weights(Path(teacher_dir) / "model" / "model.safetensors"))
+    examples = encode(table, task.kind, load_tokenizer(Path(teacher_dir) / "model", info.config), info.labels,
+                      info.max_seq_len, task.long_text, info.label_subwords, task.max_span_words, info.scheme,
+                      task.chunk_overlap)
+    targets = teacher_targets(model, task.kind, examples, cfg.batch_size * 2)
+    record = {"task": name, "kind": task.kind, "labels": meta["labels"],
+              "teacher": read_json(Path(teacher_dir) / "model" / INFO_FILE).get("fit", "")}
+    with atomic_dir(out_dir) as tmp:
+        write_transfer(table, targets, task.kind, record, tmp)
+    stats = {"transfer": True, "rows": table.num_rows, "train_rows": n, "augmented_rows": copies.num_rows}
+    if task.kind in ("classification", "pair"):
+        # How far the teacher's labels are from the gold (train) and from the source's (copies).
+        picked = np.array([info.space[int(t.argmax())] for t in targets])
+        same = picked == np.array(table["label"].to_pylist())
+        stats["teacher_train_accuracy"] = float(same[:n].mean())
+        if copies.num_rows:
+            stats["augmented_label_kept"] = float(same[n:].mean())
+    log.info("transfer_set@%s: %d rows (%d augmented)", name, table.num_rows, copies.num_rows)
+    return stats
+
+
+def check_teacher(model_dir: Path, name: str, task: TaskConfig, meta: dict) -> TaskModelInfo:
+    """The teacher's record, refused with one line if there is none or it was fine-tuned on
+    another kind of task or label set."""
+    if not (Path(model_dir) / INFO_FILE).is_file():
+        raise DataError(f"{model_dir}: no teacher; run teacher@{name} (finetune.init has distilled)")
+    info = read_task_model_info(model_dir)
+    if (info.task.kind, info.labels, info.scheme) != (task.kind, meta["labels"], meta.get("scheme", "")):
+        raise DataError(f"{model_dir}: a teacher of a {info.task.kind} task with labels {info.labels}, "
+                        f"but task {name} is {task.kind} with labels {meta['labels']}; rerun teacher@{name}")
+    return info

@@ -1,0 +1,123 @@
+"""The `distilled` start: a teacher fine-tuned per task (teacher@task), a transfer set of the
+training split and its MLM-augmented copies labelled with the teacher's soft targets
+(transfer_set@task), and the student fine-tuned on them (finetune@task)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
+from components.core.errors import DataError
+from components.data.tasks.folder import read_meta, read_split
+from components.data.tasks.prepare import prepare_task
+from components.data.tokenizer import load
+from components.data.transfer_set import TRANSFER_FILE, read_transfer
+from components.model.heads import CRF
+from components.training.augment import augment
+from components.training.finetune import finetune_task
+from components.training.teacher import fit_teacher
+from components.training.transfer_set import build_transfer
+from tests.conftest import section
+from tests.test_finetune import _user_files
+
+TASKS = {
+    "reviews": TaskConfig(kind="classification", source="user/reviews.csv",
+                          columns={"text": "review", "label": "verdict"}),
+    "ner": TaskConfig(kind="token", source="user/ner.conll"),
+    "ner-span": TaskConfig(kind="span", source="user/ner.conll", max_span_words=3),
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    _user_files(root / "user")
+    for name, task in TASKS.items():
+        prepare_task(name, task, root, root / "packages", root / "tasks" / name)
+    return root
+
+
+def _distill(teacher: str, **changes) -> DistillConfig:
+    return section(DistillConfig, teacher=teacher, teacher_lr_grid=[3e-3], **changes)
+
+
+def _cfg(name: str, **changes) -> FinetuneConfig:
+    return section(FinetuneConfig, tasks={name: TASKS[name]}, seeds=[1], lr=3e-3, lr_grid=[], epochs=1,
+                   batch_size=16, min_steps=4, **changes)
+
+
+def test_crf_marginals_are_the_sum_over_every_tag_path():
+    torch.manual_seed(0)
+    crf = CRF(3)
+    for p in crf.parameters():
+        torch.nn.init.normal_(p)
+    emissions = torch.randn(2, 4, 3)
+    mask = torch.tensor([[True] * 4, [True, True, True, False]])
+    found = crf.log_marginals(emissions, mask).exp()
+    for b, n in enumerate(mask.sum(1).tolist()):
+        expected = torch.zeros(n, 3)
+        for path in itertools.product(range(3), repeat=n):
+            score = crf.start[path[0]] + crf.end[path[-1]] + sum(emissions[b, w, t] for w, t in enumerate(path))
+            score = score + sum(crf.transitions[a, c] for a, c in itertools.pairwise(path))
+            for w, t in enumerate(path):
+                expected[w, t] += score.exp()
+        torch.testing.assert_close(found[b, :n], expected / expected.sum(1, keepdim=True))
+
+
+def test_augmented_copies_replace_only_one_piece_words_and_keep_every_word_count(project, tiny_encoder):
+    tok = load(tiny_encoder)
+    for name, field in (("reviews", "text"), ("ner", "tokens")):
+        train = read_split(project / "tasks" / name, "train")
+        copies = augment(train, TASKS[name].kind, tiny_encoder, copies=2, prob=0.5, top_k=5, seed=3, max_len=32)
+        assert copies.num_rows == 2 * train.num_rows
+        again = augment(train, TASKS[name].kind, tiny_encoder, copies=2, prob=0.5, top_k=5, seed=3, max_len=32)
+        assert copies.equals(again)  # seeded
+        changed = 0
+        for source, copy in zip(train[field].to_pylist() * 2, copies[field].to_pylist(), strict=True):
+            before = source.split() if isinstance(source, str) else source
+            after = copy.split() if isinstance(copy, str) else copy
+            assert len(before) == len(after)
+            for a, b in zip(before, after, strict=True):
+                if a != b:
+                    changed += 1
+                    assert a.isalpha() and len(tok.encode(a, add_special_tokens=False).ids) == 1
+                    assert b.isalpha() and tok.token_to_id(b) is not None  # a whole vocabulary word
+        assert changed > 0
+        untouched = [c for c in copies.column_names if c != field]
+        assert all(copies[c].to_pylist() == train[c].to_pylist() * 2 for c in untouched)
+    none = augment(train, "token", tiny_encoder, copies=0, prob=0.5, top_k=5, seed=3, max_len=32)
+    assert none.num_rows == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TASKS))
+def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(name, project, tiny_encoder,
+                                                                                tiny_modern_encoder, tmp_path):
+    task, task_dir = TASKS[name], project / "tasks" / name
+    cfg = _cfg(name, init=["pretrained", "distilled"])
+    distill = _distill(str(tiny_encoder), augment_copies=1)  # a folder: any checkpoint may teach
+    teacher = fit_teacher(name, task, cfg, distill, True, project, project / "packages", task_dir,
+                          tmp_path / "teacher")
+    assert set(teacher["scores"]) == {"checkpoint-s1"} and 0 <= teacher["test_mean"] <= 1
+    assert (tmp_path / "teacher" / "model" / "model.safetensors").is_file()  # a task model, servable
+
+    stats = build_transfer(name, task, cfg, distill, True, task_dir, tiny_modern_encoder, tmp_path / "teacher",
+                           tmp_path / "transfer")
+    train = read_split(task_dir, "train").num_rows
+    assert stats["rows"] == 2 * train and stats["augmented_rows"] == train
+    table = pq.read_table(tmp_path / "transfer" / TRANSFER_FILE)
+    assert table["gold"].to_pylist() == [True] * train + [False] * train
+    _, targets = read_transfer(tmp_path / "transfer", name, task.kind, read_meta(task_dir))
+    for t in targets:  # distributions: per row, per word or per span
+        np.testing.assert_allclose(np.exp(t.astype(np.float64)).sum(-1), 1, atol=1e-4)
+
+    fits = finetune_task(name, task, cfg, task_dir, tiny_modern_encoder, tmp_path / "model",
+                         distill=distill, transfer_dir=tmp_path / "transfer")
+    assert set(fits["fits"]) == {"pretrained-s1", "distilled-s1"}
+    assert fits["transfer_examples"] >= 2 * train
+    assert (tmp_path / "model" / "fits" / "distilled-s1.parquet").is_file()
