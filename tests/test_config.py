@@ -136,6 +136,11 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("paths.raw", "data/user", "paths.raw: 'data/user' overlaps paths.user_data ('data/user')"),
     ("paths.pairs", "data/models", "paths.models: 'data/models' overlaps paths.pairs ('data/models')"),
     ("paths.user_data", "", "paths.user_data: '' is the project root"),
+    ("distill.temperature", 0, "distill.temperature: must be positive"),
+    ("distill.temperature", -2.0, "distill.temperature: must be positive"),
+    ("distill.alpha", 1.5, "distill.alpha: must be in [0, 1]"),
+    ("distill.alpha", -0.1, "distill.alpha: must be in [0, 1]"),
+    ("distill.teacher_seeds", [], "distill.teacher_seeds: needs at least one seed"),
 ])
 def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -121,3 +121,49 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(n
     assert set(fits["fits"]) == {"pretrained-s1", "distilled-s1"}
     assert fits["transfer_examples"] >= 2 * train
     assert (tmp_path / "model" / "fits" / "distilled-s1.parquet").is_file()
+
+
+@pytest.fixture(scope="module")
+def reviews_teacher(project, tiny_encoder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "reviews"
+    fit_teacher("reviews", TASKS["reviews"], _cfg("reviews", init=["pretrained", "distilled"]),
+                _distill(str(tiny_encoder)), True, project, project / "packages", project / "tasks" / "reviews", out)
+    return out
+
+
+def test_a_missing_teacher_or_one_of_another_task_is_refused_by_name(project, tiny_encoder, reviews_teacher,
+                                                                       tmp_path):
+    cfg, distill = _cfg("ner", init=["pretrained", "distilled"]), _distill(str(tiny_encoder))
+    ner = project / "tasks" / "ner"
+    with pytest.raises(DataError, match=r"no teacher; run teacher@ner"):
+        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, tmp_path / "none", tmp_path / "t")
+    with pytest.raises(DataError, match=r"a teacher of a classification task with labels \['neg', 'pos'\], "
+                                        r"but task ner is token"):
+        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, reviews_teacher, tmp_path / "t")
+    assert not (tmp_path / "t").exists()  # nothing half-written
+
+
+def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(project, tiny_encoder,
+                                                                               reviews_teacher, tmp_path):
+    reviews = project / "tasks" / "reviews"
+    cfg, distill = _cfg("reviews", init=["pretrained", "distilled"]), _distill(str(tiny_encoder), augment_copies=0)
+    with pytest.raises(DataError, match=r"no transfer set; finetune.init has distilled, so run "
+                                        r"teacher@reviews and transfer_set@reviews first"):
+        finetune_task("reviews", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m", distill=distill,
+                      transfer_dir=tmp_path / "missing")
+    build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
+                   tmp_path / "transfer")
+    with pytest.raises(DataError, match=r"labelled by a teacher of task 'reviews' .* not of 'other'"):
+        finetune_task("other", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m", distill=distill,
+                      transfer_dir=tmp_path / "transfer")
+    assert not (tmp_path / "m").exists()
+
+
+def test_without_the_distilled_start_both_stages_write_an_empty_record(project, tiny_encoder, tmp_path):
+    cfg, distill = _cfg("reviews"), _distill(str(tiny_encoder))
+    reviews = project / "tasks" / "reviews"
+    assert fit_teacher("reviews", TASKS["reviews"], cfg, distill, False, project, project / "packages", reviews,
+                       tmp_path / "teacher") == {"teacher": ""}
+    assert build_transfer("reviews", TASKS["reviews"], cfg, distill, False, reviews, tiny_encoder,
+                          tmp_path / "teacher", tmp_path / "transfer") == {"transfer": False}
+    assert [p.name for p in (tmp_path / "teacher").iterdir() if not p.name.startswith(".")] == ["bertflow.json"]

@@ -52,6 +52,8 @@ def verdicts(row: dict) -> str:
         text += f"; continued pretraining {_outcome(row['pretrained'], row['checkpoint'])}"
     if row.get("adapted"):
         text += f"; task adaptation {_outcome(row['adapted'], row['pretrained'])}"
+    if row.get("distilled"):
+        text += f"; distillation {_outcome(row['distilled'], row['pretrained'])}"
     return text
 
 
@@ -63,11 +65,11 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")  # a pipe in a task name would split the row
 
 
-ARMS = {"pretrained": "pretrained", "adapted": "task-adapted", "checkpoint": "checkpoint as is",
-        "scratch": "from scratch"}
+ARMS = {"pretrained": "pretrained", "distilled": "distilled", "teacher": "teacher",
+        "adapted": "task-adapted", "checkpoint": "checkpoint as is", "scratch": "from scratch"}
 # Difference columns: (title, minuend, subtrahend), shown when both arms were measured.
 GAINS = (("gain", "pretrained", "scratch"), ("vs checkpoint", "pretrained", "checkpoint"),
-         ("adaptation", "adapted", "pretrained"))
+         ("adaptation", "adapted", "pretrained"), ("distillation", "distilled", "pretrained"))
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -94,8 +96,9 @@ def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     task's baseline (TF-IDF + LR, most frequent tag), and a verdict."""
     arms = _arms(rows)
     gains = [(title, a, b) for title, a, b in GAINS if a in arms and b in arms]
+    kept = "distilled" in arms and "teacher" in arms  # the student's score as a share of its teacher's
     header = ["task", "kind", "metric", *(ARMS[a] for a in arms), *(g for g, _, _ in gains),
-              "lr", "baseline", "verdict"]
+              *(["of teacher"] if kept else []), "lr", "baseline", "verdict"]
     cells = []
     for row in rows:
         baseline, lrs = row.get("baseline"), row.get("lr", {})
@@ -103,6 +106,9 @@ def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                       *(_pct(row[a]) if row.get(a) else NO_VALUE for a in arms),
                       *(f"{100 * (row[a]['mean'] - row[b]['mean']):+.1f}" if row.get(a) and row.get(b)
                         else NO_VALUE for _, a, b in gains),
+                      *([f"{100 * row['distilled']['mean'] / row['teacher']['mean']:.0f}%"
+                         if row.get("distilled") and row.get("teacher") and row["teacher"]["mean"]
+                         else NO_VALUE] if kept else []),
                       " / ".join(f"{lrs[a]:g}" for a in arms if a in lrs) or NO_VALUE,
                       NO_VALUE if baseline is None else f"{100 * baseline:.1f}",
                       verdicts(row)])

@@ -15,6 +15,7 @@ from components.evaluation.tables import (
     cost_cells,
     fits_by_init,
     markdown,
+    summarize,
     transfer_table,
     verdicts,
 )
@@ -32,6 +33,14 @@ def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
                     "the speed of the machine that trained it; do not take this table for a "
                     "reference.\n\n")
     return ""
+
+
+def teacher_scores(task_metrics: Path) -> dict | None:
+    """The `distilled` start's teacher on the test split over its seeds (teacher_stats.json),
+    or None without a teacher."""
+    path = Path(task_metrics) / "teacher_stats.json"
+    stats = json.loads(path.read_text()) if path.exists() else {}
+    return summarize([s["test"] for s in stats["scores"].values()]) if stats.get("teacher") else None
 
 
 def _baseline_legend(rows: list[dict]) -> str:
@@ -57,7 +66,7 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         rows.append({"task": name, "kind": s["kind"], "metric": s["metric"],
                      "baseline": baseline[s["metric"]] if baseline else None,
                      "baseline_name": baseline["name"] if baseline else None,
-                     "scratch": None, **s["primary"],
+                     "scratch": None, **s["primary"], "teacher": teacher_scores(Path(tasks_dir) / name),
                      "steps": arm_steps(fits), "lr": arm_lr(fits)})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
     encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
@@ -67,6 +76,11 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         legend += (f"*checkpoint as is*: {init_from} fine-tuned without continued pretraining; "
                    "*vs checkpoint*: pretrained minus checkpoint as is, in points, and "
                    "*continued pretraining helps* when it exceeds the larger seed std; ")
+    if any(r.get("distilled") for r in rows):
+        legend += ("*distilled*: the pretrained encoder fine-tuned on its *teacher*'s soft targets "
+                   "over the training split and its augmented copies (teacher_stats.json, "
+                   "transfer_set_stats.json); *distillation*: distilled minus pretrained, in points; "
+                   "*of teacher*: the distilled score as a share of the teacher's; ")
     if any(r.get("adapted") for r in rows):
         legend += ("*task-adapted*: the pretrained encoder continued with masked LM on the task's "
                    "own training text before fine-tuning (adapt_stats.json); *adaptation*: "
