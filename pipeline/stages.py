@@ -141,7 +141,8 @@ def _transfer_set(p: Params, root: Path, run: MlflowRun | None, task: str) -> di
 
     return build_transfer(task, p.finetune.tasks[task], p.finetune, p.distill, "distilled" in p.finetune.init,
                           root / p.paths.tasks / task, root / p.paths.models / "encoder",
-                          root / p.paths.models / "teachers" / task, root / p.paths.models / "transfer-set" / task)
+                          root / p.paths.models / "teachers" / task,
+                          root / p.paths.models / "transfer-set" / task, root / p.paths.clean)
 
 
 def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
@@ -216,10 +217,12 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("teacher", _teacher, ("distill.teacher", "distill.teacher_seeds", "distill.teacher_lr_grid",
                                 "finetune.tasks.{task}", *TEACHER_PARAMS), per_task=True,
           replaces=lambda p, task: (f"paths.models (teachers/{task})", f"{p.paths.models}/teachers/{task}")),
-    Stage("transfer_set", _transfer_set, ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k",
-                                          "distill.seed", "finetune.init", "finetune.tasks.{task}",
-                                          "finetune.max_seq_len", "finetune.batch_size"), per_task=True,
-          replaces=lambda p, task: (f"paths.models (transfer-set/{task})", f"{p.paths.models}/transfer-set/{task}")),
+    Stage("transfer_set", _transfer_set,
+          ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k", "distill.corpus_rows",
+           "distill.seed", "finetune.init", "finetune.tasks.{task}", "finetune.max_seq_len",
+           "finetune.batch_size"),
+          per_task=True, replaces=lambda p, task: (f"paths.models (transfer-set/{task})",
+                                                   f"{p.paths.models}/transfer-set/{task}")),
     Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS, "distill.temperature",
                                   "distill.alpha"), per_task=True,
           replaces=lambda p, task: (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")),

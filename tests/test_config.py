@@ -160,6 +160,8 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     ({"chunk_overlap": 62, "max_seq_len": 64}, "finetune.tasks.bbc-news.chunk_overlap: must be"),
     ({"patience": -1}, "finetune.tasks.bbc-news.patience: must be 0 or more"),
     ({"split": [0.5, 0.1]}, "finetune.tasks.bbc-news.split: must be 3 fractions (train, valid, test)"),
+    ({"transfer_corpus": "tweets"}, "finetune.tasks.bbc-news.transfer_corpus: 'tweets' is not an ingest "
+                                    "source (sotu, news-articles)"),
 ])
 def test_a_bad_task_rate_or_window_overlap_is_named(tmp_path, setting, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())

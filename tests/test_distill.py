@@ -21,13 +21,14 @@ from components.model.heads import CRF
 from components.training.augment import augment
 from components.training.finetune import finetune_task
 from components.training.teacher import fit_teacher
-from components.training.transfer_set import build_transfer
+from components.training.transfer_set import build_transfer, corpus_rows
 from tests.conftest import section
 from tests.test_finetune import _user_files
 
 TASKS = {
     "reviews": TaskConfig(kind="classification", source="user/reviews.csv",
                           columns={"text": "review", "label": "verdict"}),
+    "pairs": TaskConfig(kind="pair", source="user/pairs.jsonl"),
     "ner": TaskConfig(kind="token", source="user/ner.conll"),
     "ner-span": TaskConfig(kind="span", source="user/ner.conll", max_span_words=3),
 }
@@ -62,8 +63,9 @@ def test_crf_marginals_are_the_sum_over_every_tag_path():
     for b, n in enumerate(mask.sum(1).tolist()):
         expected = torch.zeros(n, 3)
         for path in itertools.product(range(3), repeat=n):
-            score = crf.start[path[0]] + crf.end[path[-1]] + sum(emissions[b, w, t] for w, t in enumerate(path))
-            score = score + sum(crf.transitions[a, c] for a, c in itertools.pairwise(path))
+            score = (crf.start[path[0]] + crf.end[path[-1]]
+                     + sum(emissions[b, w, t] for w, t in enumerate(path))
+                     + sum(crf.transitions[a, c] for a, c in itertools.pairwise(path)))
             for w, t in enumerate(path):
                 expected[w, t] += score.exp()
         torch.testing.assert_close(found[b, :n], expected / expected.sum(1, keepdim=True))
@@ -73,9 +75,9 @@ def test_augmented_copies_replace_only_one_piece_words_and_keep_every_word_count
     tok = load(tiny_encoder)
     for name, field in (("reviews", "text"), ("ner", "tokens")):
         train = read_split(project / "tasks" / name, "train")
-        copies = augment(train, TASKS[name].kind, tiny_encoder, copies=2, prob=0.5, top_k=5, seed=3, max_len=32)
+        copies, again = (augment(train, TASKS[name].kind, tiny_encoder, copies=2, prob=0.5, top_k=5, seed=3,
+                                 max_len=32) for _ in range(2))
         assert copies.num_rows == 2 * train.num_rows
-        again = augment(train, TASKS[name].kind, tiny_encoder, copies=2, prob=0.5, top_k=5, seed=3, max_len=32)
         assert copies.equals(again)  # seeded
         changed = 0
         for source, copy in zip(train[field].to_pylist() * 2, copies[field].to_pylist(), strict=True):
@@ -96,22 +98,26 @@ def test_augmented_copies_replace_only_one_piece_words_and_keep_every_word_count
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TASKS))
-def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(name, project, tiny_encoder,
-                                                                                tiny_modern_encoder, tmp_path):
+def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
+        name, project, tiny_encoder, tiny_modern_encoder, stages_dir, tmp_path):
     task, task_dir = TASKS[name], project / "tasks" / name
+    if task.kind in ("token", "span"):  # news sentences, labelled by the teacher, for the tagging tasks
+        task = task.model_copy(update={"transfer_corpus": "news-articles"})
     cfg = _cfg(name, init=["pretrained", "distilled"])
-    distill = _distill(str(tiny_encoder), augment_copies=1)  # a folder: any checkpoint may teach
+    distill = _distill(str(tiny_encoder), augment_copies=1, corpus_rows=20)  # any checkpoint folder teaches
     teacher = fit_teacher(name, task, cfg, distill, True, project, project / "packages", task_dir,
                           tmp_path / "teacher")
     assert set(teacher["scores"]) == {"checkpoint-s1"} and 0 <= teacher["test_mean"] <= 1
     assert (tmp_path / "teacher" / "model" / "model.safetensors").is_file()  # a task model, servable
 
-    stats = build_transfer(name, task, cfg, distill, True, task_dir, tiny_modern_encoder, tmp_path / "teacher",
-                           tmp_path / "transfer")
-    train = read_split(task_dir, "train").num_rows
-    assert stats["rows"] == 2 * train and stats["augmented_rows"] == train
+    stats = build_transfer(name, task, cfg, distill, True, task_dir, tiny_modern_encoder,
+                           tmp_path / "teacher", tmp_path / "transfer", stages_dir / "clean")
+    train, corpus = read_split(task_dir, "train").num_rows, 20 if task.transfer_corpus else 0
+    assert (stats["rows"], stats["augmented_rows"]) == (2 * train + corpus, train)
+    assert stats["corpus_rows"] == corpus
     table = pq.read_table(tmp_path / "transfer" / TRANSFER_FILE)
-    assert table["gold"].to_pylist() == [True] * train + [False] * train
+    assert table["gold"].to_pylist() == [True] * train + [False] * (train + corpus)
+    assert table["source"].to_pylist() == ["train"] * train + ["augmented"] * train + ["corpus"] * corpus
     _, targets = read_transfer(tmp_path / "transfer", name, task.kind, read_meta(task_dir))
     for t in targets:  # distributions: per row, per word or per span
         np.testing.assert_allclose(np.exp(t.astype(np.float64)).sum(-1), 1, atol=1e-4)
@@ -119,7 +125,7 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(n
     fits = finetune_task(name, task, cfg, task_dir, tiny_modern_encoder, tmp_path / "model",
                          distill=distill, transfer_dir=tmp_path / "transfer")
     assert set(fits["fits"]) == {"pretrained-s1", "distilled-s1"}
-    assert fits["transfer_examples"] >= 2 * train
+    assert fits["transfer_examples"] >= 2 * train + corpus
     assert (tmp_path / "model" / "fits" / "distilled-s1.parquet").is_file()
 
 
@@ -127,7 +133,8 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(n
 def reviews_teacher(project, tiny_encoder, tmp_path_factory):
     out = tmp_path_factory.mktemp("teacher") / "reviews"
     fit_teacher("reviews", TASKS["reviews"], _cfg("reviews", init=["pretrained", "distilled"]),
-                _distill(str(tiny_encoder)), True, project, project / "packages", project / "tasks" / "reviews", out)
+                _distill(str(tiny_encoder)), True, project, project / "packages",
+                project / "tasks" / "reviews", out)
     return out
 
 
@@ -136,21 +143,24 @@ def test_a_missing_teacher_or_one_of_another_task_is_refused_by_name(project, ti
     cfg, distill = _cfg("ner", init=["pretrained", "distilled"]), _distill(str(tiny_encoder))
     ner = project / "tasks" / "ner"
     with pytest.raises(DataError, match=r"no teacher; run teacher@ner"):
-        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, tmp_path / "none", tmp_path / "t")
+        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, tmp_path / "none",
+                       tmp_path / "t")
     with pytest.raises(DataError, match=r"a teacher of a classification task with labels \['neg', 'pos'\], "
                                         r"but task ner is token"):
-        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, reviews_teacher, tmp_path / "t")
+        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, reviews_teacher,
+                       tmp_path / "t")
     assert not (tmp_path / "t").exists()  # nothing half-written
 
 
 def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(project, tiny_encoder,
                                                                                reviews_teacher, tmp_path):
     reviews = project / "tasks" / "reviews"
-    cfg, distill = _cfg("reviews", init=["pretrained", "distilled"]), _distill(str(tiny_encoder), augment_copies=0)
+    cfg = _cfg("reviews", init=["pretrained", "distilled"])
+    distill = _distill(str(tiny_encoder), augment_copies=0)
     with pytest.raises(DataError, match=r"no transfer set; finetune.init has distilled, so run "
                                         r"teacher@reviews and transfer_set@reviews first"):
-        finetune_task("reviews", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m", distill=distill,
-                      transfer_dir=tmp_path / "missing")
+        finetune_task("reviews", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m",
+                      distill=distill, transfer_dir=tmp_path / "missing")
     build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
     with pytest.raises(DataError, match=r"labelled by a teacher of task 'reviews' .* not of 'other'"):
@@ -162,8 +172,25 @@ def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(pro
 def test_without_the_distilled_start_both_stages_write_an_empty_record(project, tiny_encoder, tmp_path):
     cfg, distill = _cfg("reviews"), _distill(str(tiny_encoder))
     reviews = project / "tasks" / "reviews"
-    assert fit_teacher("reviews", TASKS["reviews"], cfg, distill, False, project, project / "packages", reviews,
-                       tmp_path / "teacher") == {"teacher": ""}
+    assert fit_teacher("reviews", TASKS["reviews"], cfg, distill, False, project, project / "packages",
+                       reviews, tmp_path / "teacher") == {"teacher": ""}
     assert build_transfer("reviews", TASKS["reviews"], cfg, distill, False, reviews, tiny_encoder,
                           tmp_path / "teacher", tmp_path / "transfer") == {"transfer": False}
-    assert [p.name for p in (tmp_path / "teacher").iterdir() if not p.name.startswith(".")] == ["bertflow.json"]
+    written = [p.name for p in (tmp_path / "teacher").iterdir() if not p.name.startswith(".")]
+    assert written == ["bertflow.json"]
+
+
+def test_corpus_text_comes_from_the_named_source_of_the_training_part_only(project, stages_dir):
+    clean = stages_dir / "clean"
+    heldout = {s for shard in (clean / "heldout").glob("*.parquet")
+               for doc in pq.read_table(shard)["sentences"].to_pylist() for s in doc}
+    train = read_split(project / "tasks" / "ner", "train")
+    rows = corpus_rows(clean, "news-articles", "token", train, 50, seed=0)
+    assert rows.num_rows == 50 and rows.schema == train.schema
+    assert all(len(words) >= 3 and set(tags) == {train["tags"][0].as_py()[0]}
+               for words, tags in zip(rows["tokens"].to_pylist(), rows["tags"].to_pylist(), strict=True))
+    assert not {" ".join(w) for w in rows["tokens"].to_pylist()} & {" ".join(s.split()) for s in heldout}
+    docs = corpus_rows(clean, "sotu", "classification", read_split(project / "tasks" / "reviews", "train"), 3, 0)
+    assert docs.num_rows == 3 and all(len(t) > 200 for t in docs["text"].to_pylist())  # whole speeches
+    with pytest.raises(DataError, match=r"transfer_corpus 'tweets': no documents of that source in .*/train"):
+        corpus_rows(clean, "tweets", "token", train, 5, 0)

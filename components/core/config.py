@@ -271,11 +271,14 @@ class TaskConfig(Section):
     span_decoding: Literal["nested", "greedy"] = doc("Span tasks: all spans, or non-overlapping.", "nested")
     tag_decoding: Literal["valid", "free"] = doc("BIO token tasks: only sequences a BIO reader accepts, "
                                                  "or each word's own best tag.", "valid")
-    teacher_lr: Decay = doc("The `distilled` start's teacher: its peak rate; 0 takes distill.teacher_lr_grid.", 0.0)
+    teacher_lr: Decay = doc("The `distilled` start's teacher's rate; 0 takes distill.teacher_lr_grid.", 0.0)
+    transfer_corpus: str = doc("The `distilled` start: an ingest source the teacher also labels.", "")
 
     @checks
     def _rate(self) -> None:
         need(not (self.lr and self.lr_grid), "lr_grid", "set lr or lr_grid, not both")
+        need(not self.transfer_corpus or self.kind != "pair", "transfer_corpus",
+             "a corpus holds single texts and sentences, not pairs")
 
 class FinetuneConfig(Section):
     """Stages `task_data@task` and `finetune@task`: each task from each init over several seeds."""
@@ -332,6 +335,7 @@ class DistillConfig(Section):
     augment_copies: Count = doc("Copies of each training example with words the encoder's MLM replaced.")
     augment_prob: Share = doc("Share of an example's replaceable words (one subword, letters) replaced.")
     augment_top_k: AtLeast1 = doc("A replacement is drawn from the MLM's k most likely words.")
+    corpus_rows: Count = doc("A task's transfer_corpus rows at most (documents, or sentences for tags).")
     seed: int = doc("Seed of the augmentation.")
 
 class EvaluateConfig(Section):
@@ -381,6 +385,11 @@ class Params(Section):
                  f"must be between 8 and model.max_position ({limit})")
         need("checkpoint" not in f.init or self.pretrain.init_from, "finetune.init",
              "has checkpoint, which needs pretrain.init_from")
+        sources = [s.name for s in self.ingest.sources]
+        for name, t in f.tasks.items():
+            need(not t.transfer_corpus or t.transfer_corpus in sources,
+                 f"finetune.tasks.{name}.transfer_corpus",
+                 f"{t.transfer_corpus!r} is not an ingest source ({', '.join(sources)})")
         need(self.model.arch == "classic" or self.pretrain.objective == "mlm", "pretrain.objective",
              "electra needs model.arch classic (its generator shares BERT's embeddings)")
         need(self.model.arch == "classic" or self.pretrain.position_init == "random",

@@ -1,4 +1,4 @@
-"""Text primitives shared by the data stages: bytes to text, and text to sentences."""
+"""Text primitives shared by the data stages: bytes to text, text to sentences and to words."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ PIECE_CHARS = 1_000_000
 # paragraph but for 1 cut in 10,000); a "sentence" longer than this (minified data: no sentence
 # end) is not, but joined from its parts: one sentence, too long for clean.max_sentence_chars.
 _MAX_CARRY_CHARS = 100_000
+# Words of raw text for token and span tasks: runs of letters/digits (with inner - ' ’ .), or
+# one other non-space character, the way CoNLL splits "U.S.-led" or "(Reuters)".
+WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
 _SPACES = re.compile(r"\s{2,}|[^\S ]")  # the whitespace that " ".join(s.split()) changes
 # UTF-32's little-endian BOM begins with UTF-16's: the longer ones are tried first.
 _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
@@ -105,3 +108,9 @@ def _split_long(paragraph: str) -> list[str]:
     if long:
         out.append("".join(long))
     return out
+
+
+def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """Words of raw text and their character offsets."""
+    matches = list(WORD.finditer(text))
+    return [m.group() for m in matches], [m.span() for m in matches]

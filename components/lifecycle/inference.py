@@ -8,7 +8,6 @@ model answers exactly as it was scored. Batches are length-bucketed (no padding 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pyarrow as pa
 
 from components.core.errors import ConfigError, DataError
 from components.data.tags import bio_to_spans
+from components.data.text import split_words
 from components.lifecycle.backends import BACKENDS
 from components.lifecycle.rows import INPUTS, Limits, check_columns, has_tokens
 from components.model.build import task_model
@@ -25,10 +25,6 @@ from components.model.folders import load_tokenizer, read_weights
 from components.model.inputs import encode
 from components.model.metadata import TaskModelInfo, read_task_model_info
 from components.model.onnx_model import OnnxHead, onnx_file
-
-# Words of raw text for token and span tasks: runs of letters/digits (with inner - ' ’ .), or
-# one other non-space character, the way CoNLL splits "U.S.-led" or "(Reuters)".
-WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
 
 
 @dataclass
@@ -59,12 +55,6 @@ def load_task_model(model_dir: Path, backend: str = "torch") -> TaskModel:
     if backend != "torch":
         model = OnnxHead(onnx_file(model_dir, backend), getattr(model, "crf", None))
     return TaskModel(info, model, load_tokenizer(model_dir, info.config), Limits.from_env())
-
-
-def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """Words of raw text and their character offsets."""
-    matches = list(WORD.finditer(text))
-    return [m.group() for m in matches], [m.span() for m in matches]
 
 
 def _offsets(tokens: list[str]) -> list[tuple[int, int]]:

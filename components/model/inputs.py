@@ -207,7 +207,8 @@ def _soft(examples: list[Encoded]) -> dict[str, torch.Tensor]:
     if first.ndim == 1:
         soft = torch.from_numpy(np.stack([e.soft for e in examples]))
     else:
-        soft = torch.full((len(examples), max(1, *(len(e.soft) for e in examples)), first.shape[-1]), float("nan"))
+        longest = max(1, *(len(e.soft) for e in examples))
+        soft = torch.full((len(examples), longest, first.shape[-1]), float("nan"))
         for i, e in enumerate(examples):
             soft[i, :len(e.soft)] = torch.from_numpy(e.soft)
     return {"soft": soft, "gold": torch.tensor([e.gold for e in examples])}

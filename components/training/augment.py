@@ -76,7 +76,8 @@ def replace_words(model, tok, docs: list[list[str]], allowed: torch.Tensor, prob
         # Windows of the row's subwords, each [CLS] ... [SEP]: the MLM's own input shape.
         step = max_len - 2
         for start in range(0, len(ids), step):
-            spots = [(p - start + 1, d, w, was) for p, (w, was) in masked.items() if start <= p < start + step]
+            spots = [(p - start + 1, d, w, was) for p, (w, was) in masked.items()
+                     if start <= p < start + step]
             if spots:
                 windows.append(([cls_id, *ids[start:start + step], sep_id], spots))
     for index in length_batches([len(w[0]) for w in windows], batch_size, rng=None):

@@ -213,8 +213,8 @@ def transfer_examples(transfer_dir: Path | None, name: str, task: TaskConfig, cf
     """The `distilled` start's training examples: the transfer set (data.transfer_set) encoded
     for the student, each with its teacher's soft targets."""
     table, targets = read_transfer(transfer_dir, name, task.kind, meta)
-    examples = encode(table, task.kind, tokenizer, meta["labels"], max_len, task.long_text, cfg.label_subwords,
-                      task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
+    examples = encode(table, task.kind, tokenizer, meta["labels"], max_len, task.long_text,
+                      cfg.label_subwords, task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
     attach_targets(examples, task.kind, targets, table["gold"].to_pylist(), task.max_span_words)
     return examples
 

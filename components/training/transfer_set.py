@@ -1,6 +1,7 @@
 """Stage `transfer_set@task`: the transfer set the `distilled` start learns from (data/transfer_set.py):
-the training split and `distill.augment_copies` copies of it with words the pretrained
-encoder's masked LM replaced (training/augment.py), every row labelled by the task's teacher
+the training split, `distill.augment_copies` copies of it with words the pretrained encoder's
+masked LM replaced (training/augment.py) and, with the task's `transfer_corpus`, a sample of
+that corpus source's documents or sentences; every row labelled by the task's teacher
 (teacher@task) with its soft targets (model/soft_targets.py). The validation and test splits
 never enter it. Without `distilled` in finetune.init the stage writes an empty record.
 """
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.errors import DataError
 from components.core.io import atomic_dir, read_json, write_json
 from components.data.tasks.folder import read_meta, read_split
+from components.data.text import split_words
 from components.data.transfer_set import write_transfer
 from components.model.build import task_model
 from components.model.folders import load_tokenizer, read_weights
@@ -29,8 +32,10 @@ log = logging.getLogger(__name__)
 
 
 def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, wanted: bool,
-                   task_dir: Path, encoder_dir: Path, teacher_dir: Path, out_dir: Path) -> dict:
-    """The transfer set of one task into `out_dir`; with `wanted` false, an empty record."""
+                   task_dir: Path, encoder_dir: Path, teacher_dir: Path, out_dir: Path,
+                   clean_dir: Path | None = None) -> dict:
+    """The transfer set of one task into `out_dir` (with the task's transfer_corpus, text of
+    the clean corpus in `clean_dir` too); with `wanted` false, an empty record."""
     if not wanted:
         with atomic_dir(out_dir) as tmp:
             write_json(tmp / INFO_FILE, {"transfer": False})
@@ -41,10 +46,15 @@ def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Di
     max_len = min(task.max_seq_len or cfg.max_seq_len, read_encoder_info(encoder_dir).config.max_position)
     copies = augment(train, task.kind, encoder_dir, distill.augment_copies, distill.augment_prob,
                      distill.augment_top_k, distill.seed, max_len)
-    table = pa.concat_tables([train, copies])
-    n = train.num_rows
-    table = (table.append_column("source", pa.array(["train"] * n + ["augmented"] * copies.num_rows))
-             .append_column("gold", pa.array([True] * n + [False] * copies.num_rows)))
+    corpus = train.slice(0, 0)
+    if task.transfer_corpus:
+        corpus = corpus_rows(clean_dir, task.transfer_corpus, task.kind, train, distill.corpus_rows,
+                             distill.seed)
+    table = pa.concat_tables([train, copies, corpus])
+    n, extra = train.num_rows, copies.num_rows + corpus.num_rows
+    table = (table.append_column("source", pa.array(["train"] * n + ["augmented"] * copies.num_rows
+                                                    + ["corpus"] * corpus.num_rows))
+             .append_column("gold", pa.array([True] * n + [False] * extra)))
     model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
     model.load_state_dict(read_weights(Path(teacher_dir) / "model" / "model.safetensors"))
     examples = encode(table, task.kind, load_tokenizer(Path(teacher_dir) / "model", info.config), info.labels,
@@ -55,16 +65,44 @@ def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Di
               "teacher": read_json(Path(teacher_dir) / "model" / INFO_FILE).get("fit", "")}
     with atomic_dir(out_dir) as tmp:
         write_transfer(table, targets, task.kind, record, tmp)
-    stats = {"transfer": True, "rows": table.num_rows, "train_rows": n, "augmented_rows": copies.num_rows}
+    stats = {"transfer": True, "rows": table.num_rows, "train_rows": n, "augmented_rows": copies.num_rows,
+             "corpus_rows": corpus.num_rows}
     if task.kind in ("classification", "pair"):
         # How far the teacher's labels are from the gold (train) and from the source's (copies).
         picked = np.array([info.space[int(t.argmax())] for t in targets])
         same = picked == np.array(table["label"].to_pylist())
         stats["teacher_train_accuracy"] = float(same[:n].mean())
         if copies.num_rows:
-            stats["augmented_label_kept"] = float(same[n:].mean())
-    log.info("transfer_set@%s: %d rows (%d augmented)", name, table.num_rows, copies.num_rows)
+            stats["augmented_label_kept"] = float(same[n:n + copies.num_rows].mean())
+    log.info("transfer_set@%s: %d rows (%d augmented, %d from the corpus)", name, table.num_rows,
+             copies.num_rows, corpus.num_rows)
     return stats
+
+
+def corpus_rows(clean_dir: Path | None, source: str, kind: str, like: pa.Table, limit: int,
+                seed: int) -> pa.Table:
+    """A seeded sample of at most `limit` texts of corpus source `source` (the clean corpus's
+    training part; its held-out part never): whole documents for classification, sentences of
+    three words or more as words for token and span tasks; in the schema of `like` (a training
+    split), whose first row's labels stand in (unused: the rows are not gold)."""
+    folder = Path(clean_dir or "") / "train"
+    docs = [d for shard in sorted(folder.glob("*.parquet"))
+            for src, d in zip(*pq.read_table(shard, columns=["source", "sentences"]).to_pydict().values(),
+                              strict=True) if src == source]
+    if not docs:
+        raise DataError(f"transfer_corpus {source!r}: no documents of that source in {folder}; "
+                        f"run the clean stage with it among ingest.sources")
+    if kind == "classification":
+        units = [" ".join(d) for d in docs]
+    else:
+        units = [w for d in docs for s in d if len(w := split_words(s)[0]) >= 3]
+    keep = np.sort(np.random.default_rng(seed).permutation(len(units))[:limit])
+    picked = [units[i] for i in keep]
+    if kind == "classification":
+        label = like["label"][0].as_py()
+        return pa.table({"text": picked, "label": [label] * len(picked)}, schema=like.schema)
+    stand_in = like["tags"][0].as_py()[0]
+    return pa.table({"tokens": picked, "tags": [[stand_in] * len(w) for w in picked]}, schema=like.schema)
 
 
 def check_teacher(model_dir: Path, name: str, task: TaskConfig, meta: dict) -> TaskModelInfo:
