@@ -190,7 +190,8 @@ def test_corpus_text_comes_from_the_named_source_of_the_training_part_only(proje
     assert all(len(words) >= 3 and set(tags) == {train["tags"][0].as_py()[0]}
                for words, tags in zip(rows["tokens"].to_pylist(), rows["tags"].to_pylist(), strict=True))
     assert not {" ".join(w) for w in rows["tokens"].to_pylist()} & {" ".join(s.split()) for s in heldout}
-    docs = corpus_rows(clean, "sotu", "classification", read_split(project / "tasks" / "reviews", "train"), 3, 0)
+    docs = corpus_rows(clean, "sotu", "classification", read_split(project / "tasks" / "reviews", "train"),
+                       3, 0)
     assert docs.num_rows == 3 and all(len(t) > 200 for t in docs["text"].to_pylist())  # whole speeches
     with pytest.raises(DataError, match=r"transfer_corpus 'tweets': no documents of that source in .*/train"):
         corpus_rows(clean, "tweets", "token", train, 5, 0)
