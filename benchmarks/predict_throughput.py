@@ -1,6 +1,7 @@
 """Batch prediction throughput: our inference path on each backend (torch, and the model's ONNX
 graph in ONNX Runtime, fp32 and int8) against transformers' text-classification pipeline, on the
-same fine-tuned model and the same sentences, interleaved in one run.
+same fine-tuned model and the same sentences, interleaved in one run; with the distill preset,
+the task's teacher (MiniLM) beside it in torch fp32 and in int8.
 
 Ours: `components.lifecycle.inference.predict_rows` (length-bucketed batches: sentences of similar length
 share a batch, so little padding). The ONNX graphs are the ones `finetune.onnx` writes, with the
@@ -10,8 +11,11 @@ truncation at the same length, once with its default (one sentence per call) and
 like ours (padding to the longest of each batch).
 
 Usage:  python benchmarks/predict_throughput.py [--task movie-sentiment] [--sentences 2000]
-Needs the task's exported model (`make run`). Writes the "Batch prediction" section of
-benchmarks/RESULTS.md.
+                                                [--params params-distill.yaml]
+Needs the task's exported model (`make run`, or `bertflow run -p params-distill.yaml`: its
+exported model is the distilled student). Writes the "Batch prediction" section of
+benchmarks/RESULTS.md (with --params params-distill.yaml, "Batch prediction: distilled student
+and teacher").
 """
 
 from __future__ import annotations
@@ -53,6 +57,15 @@ def timed(fn, texts: list[str]) -> tuple[float, list[str]]:
     return len(texts) / (time.perf_counter() - start), labels
 
 
+def with_int8_check(model_dir: Path, task_dir: Path) -> tuple[Path, dict]:
+    """A copy of an exported model folder with its ONNX graphs and the int8 check's scores."""
+    copy = Path(tempfile.mkdtemp(prefix="bertflow-model-")) / "model"
+    shutil.copytree(model_dir, copy)
+    if not (copy / ONNX_DIR).exists():
+        check(copy, task_dir, copy / ONNX_DIR)
+    return copy, read_check(copy / ONNX_DIR)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="movie-sentiment")
@@ -61,6 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--project", type=Path, default=ROOT, help="the checkout that ran the pipeline")
+    parser.add_argument("--params", default="params.yaml", help="the params file of the run (a preset)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -69,16 +83,18 @@ def main() -> None:
     from components.lifecycle.hf_export import export_hf
     from components.lifecycle.inference import load_task_model, predict_rows
 
-    p = load_params(args.project / "params.yaml")
+    p = load_params(args.project / args.params)
     task_dir = args.project / p.paths.tasks / args.task
-    model_dir = Path(tempfile.mkdtemp(prefix="bertflow-model-")) / "model"
-    shutil.copytree(args.project / p.paths.models / "tasks" / args.task / "model", model_dir)
-    if not (model_dir / ONNX_DIR).exists():
-        check(model_dir, task_dir, model_dir / ONNX_DIR)
-    scores = read_check(model_dir / ONNX_DIR)
+    models_dir = args.project / p.paths.models
+    model_dir, scores = with_int8_check(models_dir / "tasks" / args.task / "model", task_dir)
+    teacher = models_dir / "teachers" / args.task / "model"
+    teacher_dir, teacher_scores = with_int8_check(teacher, task_dir) if teacher.exists() else (None, None)
     texts = sentences(task_dir, args.sentences)
     ours = load_task_model(model_dir)
-    backends = {b: load_task_model(model_dir, b) for b in ("onnx", "onnx-int8")}
+    models = {"ours": ours, **{b: load_task_model(model_dir, b) for b in ("onnx", "onnx-int8")}}
+    if teacher_dir is not None:
+        models.update({"teacher": load_task_model(teacher_dir),
+                       "teacher-int8": load_task_model(teacher_dir, "onnx-int8")})
     hf_dir = Path(tempfile.mkdtemp(prefix="bertflow-hf-")) / "model"
     export_hf(model_dir, hf_dir)
     clf = pipeline("text-classification", model=str(hf_dir), device=-1)
@@ -88,7 +104,7 @@ def main() -> None:
         return lambda xs: [r["label"] for r in predict_rows(tm, [{"text": x} for x in xs], args.batch_size)]
 
     runs = {
-        "ours": labels(ours), **{name: labels(tm) for name, tm in backends.items()},
+        **{name: labels(tm) for name, tm in models.items()},
         "hf_default": lambda xs: [r["label"] for r in clf(xs, **cut)],
         "hf_batched": lambda xs: [r["label"] for r in clf(xs, batch_size=args.batch_size, **cut)],
     }
@@ -101,17 +117,22 @@ def main() -> None:
             rate, answers[name] = timed(fn, texts)
             rates[name].append(rate)
     median = {name: statistics.median(r) for name, r in rates.items()}
-    agree = sum(a == b for a, b in zip(answers["ours"], answers["hf_batched"], strict=True)) / len(texts)
-    int8_agree = sum(a == b for a, b in zip(answers["ours"], answers["onnx-int8"], strict=True)) / len(texts)
+
+    def agreement(a: str, b: str) -> float:
+        return sum(x == y for x, y in zip(answers[a], answers[b], strict=True)) / len(texts)
+
+    agree, int8_agree = agreement("ours", "hf_batched"), agreement("ours", "onnx-int8")
     print({**median, "agreement": agree, "int8_agreement": int8_agree})
     lengths = [len(x.split()) for x in texts]
     b = args.batch_size
-    write_section("\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/predict_throughput.py --task {args.task}` ({args.threads} "
-        "threads, no GPU; needs `make run` first).", "",
+    reproduce = " ".join(["python benchmarks/predict_throughput.py", f"--task {args.task}",
+                          *([f"--params {args.params}"] if args.params != "params.yaml" else [])])
+    lines = [
+        SECTION if teacher_dir is None else f"{SECTION}: distilled student and teacher", "",
+        f"Reproduce: `{reproduce}` ({args.threads} threads, no GPU; needs the run first).", "",
         f"Model: the exported `{args.task}` classifier ({len(ours.model.encoder.blocks)} layers × "
-        f"{ours.model.classifier.in_features} hidden), max length {ours.info.max_seq_len}. Sentences: "
+        f"{ours.model.classifier.in_features} hidden, fit `{ours.info.fit}`), max length "
+        f"{ours.info.max_seq_len}. Sentences: "
         f"{len(texts):,} of the task's texts ({statistics.mean(lengths):.0f} words on average, "
         f"{min(lengths)}–{max(lengths)}). Median of {args.repeats} interleaved passes each; ours "
         f"and the batched pipeline agree on {agree:.1%} of the labels, ours in torch and in int8 "
@@ -126,10 +147,27 @@ def main() -> None:
         f"**{median['onnx-int8'] / median['ours']:.2f}** (target ≥ 2) | "
         f"{median['hf_default'] / median['ours']:.2f} | {median['hf_batched'] / median['ours']:.2f} |",
         f"| test {scores['metric']} | {scores['fp32'] * 100:.2f} | {scores['fp32'] * 100:.2f} | "
-        f"{scores['int8'] * 100:.2f} | (the same weights as torch fp32) | |", "",
+        f"{scores['int8'] * 100:.2f} | (the same weights as torch fp32) | |", ""]
+    if teacher_dir is not None:
+        tm = models["teacher"]
+        lines += [
+            f"The teacher: `{args.task}`'s teacher ({len(tm.model.encoder.blocks)} layers × "
+            f"{tm.model.classifier.in_features} hidden, fit `{tm.info.fit}`), the same sentences in "
+            f"the same passes; it and the student agree on {agreement('teacher', 'ours'):.1%} of the "
+            "labels.", "",
+            "| measure | teacher, torch fp32 | teacher, ONNX Runtime int8 | student, ONNX Runtime int8 |",
+            "|---|---|---|---|",
+            f"| sentences/s | {median['teacher']:,.0f} | {median['teacher-int8']:,.0f} | "
+            f"{median['onnx-int8']:,.0f} |",
+            f"| ÷ teacher, torch fp32 | 1.00 | {median['teacher-int8'] / median['teacher']:.2f} | "
+            f"**{median['onnx-int8'] / median['teacher']:.2f}** (target ≥ 5) |",
+            f"| test {teacher_scores['metric']} | {teacher_scores['fp32'] * 100:.2f} | "
+            f"{teacher_scores['int8'] * 100:.2f} | {scores['int8'] * 100:.2f} |", ""]
+    lines += [
         "The pipeline's default runs one sentence per forward pass; batched, it pads every batch "
         "to its longest sentence in input order. Ours sorts by length within chunks of 50 "
-        "batches, so a batch holds sentences of similar length.", ""]))
+        "batches, so a batch holds sentences of similar length.", ""]
+    write_section("\n".join(lines))
 
 
 if __name__ == "__main__":
