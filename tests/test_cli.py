@@ -49,8 +49,8 @@ def test_unknown_stage_for_until_is_refused_before_prefect_starts(tmp_path):
     proc = run_cli("bertflow", "run", "--until", "bogus", "-p", str(params), cwd=tmp_path, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("error: unknown stage 'bogus' (stages: ingest, clean, checkpoint, "
-                                   "tokenizer, pairs, pretrain, task_data, adapt, finetune, evaluate, "
-                                   "transfer)")
+                                   "tokenizer, pairs, pretrain, task_data, adapt, teacher, transfer_set, "
+                                   "finetune, evaluate, transfer)")
     proc = run_cli("bertflow", "run", "--until", "finetune@nope", "-p", str(params), cwd=tmp_path,
                    check=False)
     assert proc.returncode == 1
@@ -112,13 +112,13 @@ def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
     names = plan(p)
     assert names[:6] == ["ingest", "clean", "checkpoint", "tokenizer", "pairs", "pretrain"]
     assert names[6:6 + len(tasks)] == [f"task_data@{t}" for t in tasks]
-    assert names[-1] == "transfer" and len(names) == 7 + 4 * len(tasks)
+    assert names[-1] == "transfer" and len(names) == 7 + 6 * len(tasks)
     # The flow maps each per-task stage over the tasks: one group per stage kind.
-    assert [len(g) for g in stage_groups(names)] == [1] * 6 + [len(tasks)] * 4 + [1]
+    assert [len(g) for g in stage_groups(names)] == [1] * 6 + [len(tasks)] * 6 + [1]
     assert plan(p, "finetune")[-1] == f"finetune@{tasks[-1]}"
     # One task's stage: only what that task needs, not the other tasks' stages.
-    assert plan(p, "evaluate@trec-6")[6:] == ["task_data@trec-6", "adapt@trec-6", "finetune@trec-6",
-                                              "evaluate@trec-6"]
+    assert plan(p, "evaluate@trec-6")[6:] == ["task_data@trec-6", "adapt@trec-6", "teacher@trec-6",
+                                              "transfer_set@trec-6", "finetune@trec-6", "evaluate@trec-6"]
 
 
 @pytest.mark.slow
