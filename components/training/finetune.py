@@ -123,7 +123,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
         soft = (distill.temperature, distill.alpha)
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
-                   "epochs": epochs,
+                   "epochs": epochs, "precision": resolve_precision(cfg.precision),
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
                    **({"train_windows": len(encoded["train"])} if task.long_text == "chunks" else {}),
