@@ -6,7 +6,8 @@ threshold (32 MB on 64-bit: the sparse MLM head's logits, ~1,200 masked position
 pieces x 4 bytes = 80 MB, and their gradient), so every step maps them fresh and the kernel
 faults their pages in again: the reference run's pretraining showed ~170k minor faults a second
 and a fifth of its CPU time in the kernel. `glibc.malloc.mmap_max=0` serves them from the heap
-instead, and a high trim threshold keeps the heap's top from being handed back each step.
+instead, and a high trim threshold keeps the heap's top from being handed back each step. The
+CLI sets both for every pipeline process (pipeline/ops/env.py); this measures what they buy.
 
 Usage:  python benchmarks/malloc.py [--steps 120] [--rounds 2]
 Needs the pipeline's tokenizer and pairs (`make run` makes them). Results: the "Memory
@@ -29,12 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import write_section  # noqa: E402
+from pipeline.ops.env import TUNABLES  # noqa: E402
 
 SECTION = "## Memory allocator in pretraining"
-VARIANTS = {
-    "glibc defaults": "",
-    "mmap_max=0, trim_threshold=1 GiB": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824",
-}
+VARIANTS = {"glibc defaults": "", "mmap_max=0, trim_threshold=1 GiB (the CLI's)": TUNABLES}
 CHILD = """
 import json, sys
 from pathlib import Path
@@ -49,7 +48,9 @@ print(json.dumps({"wall": wall}))
 
 def run(steps: int, short: bool, tunables: str) -> dict:
     """One pretraining run in a fresh process: its wall seconds, minor faults, user and system time."""
-    env = {**os.environ, "GLIBC_TUNABLES": tunables} if tunables else dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if tunables:
+        env["GLIBC_TUNABLES"] = tunables
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run([sys.executable, "-c", CHILD, str(steps), "short" if short else "full", tmp],
