@@ -158,8 +158,8 @@ def test_nothing_changed_registers_nothing_and_a_worse_model_stays_candidate(pro
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _commit(project, "a worse reviews model")
     ran = [n for n, s in _statuses(run_cli("bertflow", "run", cwd=project).stdout).items() if s == "ran"]
-    assert ran == ["task_data@reviews", "adapt@reviews", "finetune@reviews", "evaluate@reviews", "transfer",
-                   "registry"]
+    assert ran == ["task_data@reviews", "adapt@reviews", "teacher@reviews", "transfer_set@reviews",
+                   "finetune@reviews", "evaluate@reviews", "transfer", "registry"]
     champion = client.get_model_version_by_alias("reviews", "champion")
     candidate = client.get_model_version_by_alias("reviews", "candidate")
     assert (str(champion.version), str(candidate.version)) == ("1", "2")

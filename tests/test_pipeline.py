@@ -257,7 +257,8 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     statuses = dict(line.split()[:2] for line in out.splitlines() if line.split()[1:2] == ["ran"])
     tasks = ["reviews", "ner", "pos"]
     assert list(statuses) == [*DATA_STAGES, "pretrain", *(f"{stage}@{task}" for stage in
-                                                          ("task_data", "adapt", "finetune", "evaluate")
+                                                          ("task_data", "adapt", "teacher", "transfer_set",
+                                                           "finetune", "evaluate")
                                                           for task in tasks), "transfer", "registry"]
     assert _dvc_clean(repo, "transfer")
     assert "didn't change, skipping" in run_cli("dvc", "repro", cwd=repo).stdout
@@ -303,7 +304,8 @@ def test_user_tasks_from_csv_and_conll_run_through_the_whole_pipeline(dvc_projec
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     proc = run_cli("bertflow", "run", "--task", "more", cwd=repo)
     ran = [line.split()[0] for line in proc.stdout.splitlines() if line.split()[1:2] == ["ran"]]
-    assert ran == ["task_data@more", "adapt@more", "finetune@more", "evaluate@more", "registry"]
+    assert ran == ["task_data@more", "adapt@more", "teacher@more", "transfer_set@more", "finetune@more",
+                   "evaluate@more", "registry"]
     assert "dvc.yaml: each stage's sources and params brought up to date" in proc.stderr
     assert yaml.safe_load((repo / "dvc.yaml").read_text())["vars"][0]["task_sources"]["more"] == \
         "data/user/more.csv"
