@@ -1,0 +1,95 @@
+"""Distillation settings chosen on validation: the `distilled` start of one task under each
+variant of `distill` (temperature, mix, augmentation copies, corpus text) or of the task's own
+settings (epochs), beside the pretrained start, seeds 1-3, validation only.
+
+The teacher and the pretrained encoder are the run's (`bertflow run -p params-distill.yaml
+--until teacher@TASK`); each variant builds its transfer set (transfer_set@task's function,
+with the variant's settings) and fits the student at the task's first rate; the test split is
+never read.
+
+Usage:  python benchmarks/distill_variants.py --task trec-6 \\
+            --variant base='{}' soft='{"alpha": 1.0}' t4='{"temperature": 4.0, "alpha": 0.9}' \\
+            copies6='{"augment_copies": 6}' epochs6='{"epochs": 6}'
+        [--params params-distill.yaml] [--project DIR]
+A variant is a JSON object of `distill` keys; `epochs` and `transfer_corpus` are the task's.
+Writes the "Distillation settings: TASK" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.exported import project_option  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
+from components.core.params import load_params  # noqa: E402
+from components.training.finetune import finetune_task, learning_rates  # noqa: E402
+from components.training.transfer_set import build_transfer  # noqa: E402
+
+TASK_KEYS = ("epochs", "transfer_corpus")
+
+
+def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -> dict:
+    """One start's fits of task `name` (seeds of finetune.seeds) under `change`: their best
+    validation scores, steps, and the minutes of the transfer set and of the fits."""
+    task = p.finetune.tasks[name]
+    task = task.model_copy(update={"lr": learning_rates(task, p.finetune)[0], "lr_grid": [],
+                                   **{k: change[k] for k in TASK_KEYS if k in change}})
+    distill = p.distill.model_copy(update={k: v for k, v in change.items() if k not in TASK_KEYS})
+    cfg = p.finetune.model_copy(update={"init": [init], "onnx": False})
+    models, task_dir = root / p.paths.models, root / p.paths.tasks / name
+    start = time.perf_counter()
+    transfer = work / "transfer"
+    if init == "distilled":
+        build_transfer(name, task, cfg, distill, True, task_dir, models / "encoder", models / "teachers" / name,
+                       transfer, root / p.paths.clean)
+    built = time.perf_counter()
+    stats = finetune_task(name, task, cfg, task_dir, models / "encoder", work / "fits", distill=distill,
+                          transfer_dir=transfer)
+    fits = list(stats["fits"].values())
+    return {"valid": [f["best_val_metric"] for f in fits], "steps": [f["steps"] for f in fits],
+            "transfer_min": (built - start) / 60, "fit_min": (time.perf_counter() - built) / 60}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--variant", nargs="+", required=True, metavar="NAME=JSON")
+    parser.add_argument("--params", default="params-distill.yaml")
+    project_option(parser)
+    args = parser.parse_args()
+    p = load_params(args.project / args.params)
+    rows = []
+    variants = {"(pretrained start)": None, **{v.split("=", 1)[0]: json.loads(v.split("=", 1)[1])
+                                               for v in args.variant}}
+    for label, change in variants.items():
+        with tempfile.TemporaryDirectory(prefix="bertflow-distill-") as tmp:
+            r = fit_variant(p, args.project, args.task, "pretrained" if change is None else "distilled",
+                            change or {}, Path(tmp))
+        v = [100 * x for x in r["valid"]]
+        rows.append(f"| {label} | {'' if change is None else f'`{json.dumps(change)}`'} | "
+                    f"{' / '.join(f'{x:.2f}' for x in v)} | **{statistics.mean(v):.2f}** ± "
+                    f"{statistics.stdev(v) if len(v) > 1 else 0:.2f} | {statistics.mean(r['steps']):,.0f} | "
+                    f"{r['transfer_min']:.1f} | {r['fit_min']:.1f} |")
+        print(rows[-1], flush=True)
+    seeds = " ".join(map(str, p.finetune.seeds))
+    write_section("\n".join([
+        f"## Distillation settings: {args.task}", "",
+        f"Reproduce: `python benchmarks/distill_variants.py --task {args.task} --variant "
+        + " ".join(f"{k}='{json.dumps(c)}'" for k, c in variants.items() if c is not None)
+        + f"` after `bertflow run -p {args.params} --until teacher@{args.task}` (validation, "
+        f"seeds {seeds}; the settings not named are {args.params}'s).", "",
+        "| variant | settings | validation per seed | mean ± std | steps | transfer set, min | fits, min |",
+        "|---|---|---|---|---|---|---|", *rows, ""]))
+
+
+if __name__ == "__main__":
+    main()
