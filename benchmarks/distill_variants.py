@@ -39,7 +39,7 @@ TASK_KEYS = ("epochs", "transfer_corpus")
 
 def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -> dict:
     """One start's fits of task `name` (seeds of finetune.seeds) under `change`: their best
-    validation scores, steps, and the minutes of the transfer set and of the fits."""
+    validation scores, steps, and the minutes of the transfer set and the fits together."""
     task = p.finetune.tasks[name]
     task = task.model_copy(update={"lr": learning_rates(task, p.finetune)[0], "lr_grid": [],
                                    **{k: change[k] for k in TASK_KEYS if k in change}})
@@ -49,14 +49,13 @@ def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -
     start = time.perf_counter()
     transfer = work / "transfer"
     if init == "distilled":
-        build_transfer(name, task, cfg, distill, True, task_dir, models / "encoder", models / "teachers" / name,
-                       transfer, root / p.paths.clean)
-    built = time.perf_counter()
+        build_transfer(name, task, cfg, distill, True, task_dir, models / "encoder",
+                       models / "teachers" / name, transfer, root / p.paths.clean)
     stats = finetune_task(name, task, cfg, task_dir, models / "encoder", work / "fits", distill=distill,
                           transfer_dir=transfer)
     fits = list(stats["fits"].values())
     return {"valid": [f["best_val_metric"] for f in fits], "steps": [f["steps"] for f in fits],
-            "transfer_min": (built - start) / 60, "fit_min": (time.perf_counter() - built) / 60}
+            "minutes": (time.perf_counter() - start) / 60}
 
 
 def main() -> None:
@@ -78,7 +77,7 @@ def main() -> None:
         rows.append(f"| {label} | {'' if change is None else f'`{json.dumps(change)}`'} | "
                     f"{' / '.join(f'{x:.2f}' for x in v)} | **{statistics.mean(v):.2f}** ± "
                     f"{statistics.stdev(v) if len(v) > 1 else 0:.2f} | {statistics.mean(r['steps']):,.0f} | "
-                    f"{r['transfer_min']:.1f} | {r['fit_min']:.1f} |")
+                    f"{r['minutes']:.1f} |")
         print(rows[-1], flush=True)
     seeds = " ".join(map(str, p.finetune.seeds))
     write_section("\n".join([
@@ -87,8 +86,8 @@ def main() -> None:
         + " ".join(f"{k}='{json.dumps(c)}'" for k, c in variants.items() if c is not None)
         + f"` after `bertflow run -p {args.params} --until teacher@{args.task}` (validation, "
         f"seeds {seeds}; the settings not named are {args.params}'s).", "",
-        "| variant | settings | validation per seed | mean ± std | steps | transfer set, min | fits, min |",
-        "|---|---|---|---|---|---|---|", *rows, ""]))
+        "| variant | settings | validation per seed | mean ± std | steps | minutes (transfer set, fits) |",
+        "|---|---|---|---|---|---|", *rows, ""]))
 
 
 if __name__ == "__main__":
