@@ -5,6 +5,7 @@ training split and its MLM-augmented copies labelled with the teacher's soft tar
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -195,3 +196,39 @@ def test_corpus_text_comes_from_the_named_source_of_the_training_part_only(proje
     assert docs.num_rows == 3 and all(len(t) > 200 for t in docs["text"].to_pylist())  # whole speeches
     with pytest.raises(DataError, match=r"transfer_corpus 'tweets': no documents of that source in .*/train"):
         corpus_rows(clean, "tweets", "token", train, 5, 0)
+
+
+@pytest.mark.slow
+def test_the_distilled_start_runs_through_the_pipeline_and_its_student_is_the_served_model(tiny_encoder,
+                                                                                            tmp_path):
+    import yaml
+
+    from components.model.metadata import read_task_model_info
+    from tests.conftest import make_task_project, run_cli
+
+    repo = make_task_project(
+        tmp_path / "project",
+        {"reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
+                     "columns": {"text": "review", "label": "verdict"}},
+         "ner": {"kind": "token", "source": "data/user/tasks/ner.conll", "transfer_corpus": "news-articles"}},
+        finetune={"init": ["distilled", "pretrained"], "epochs": 2},
+        distill={"teacher": str(tiny_encoder), "teacher_lr_grid": [0.003], "corpus_rows": 30})
+    out = run_cli("bertflow", "run", cwd=repo).stdout
+    ran = [line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["ran"]]
+    for task in ("reviews", "ner"):
+        assert {f"teacher@{task}", f"transfer_set@{task}", f"finetune@{task}"} <= set(ran)
+        stats = json.loads((repo / "metrics" / "tasks" / task / "finetune_stats.json").read_text())
+        assert set(stats["fits"]) == {"distilled-s1", "pretrained-s1"}
+        assert read_task_model_info(repo / "data" / "models" / "tasks" / task / "model").fit == "distilled-s1"
+    corpus = json.loads((repo / "metrics" / "tasks" / "ner" / "transfer_set_stats.json").read_text())
+    assert corpus["corpus_rows"] == 30
+    header = (repo / "metrics" / "transfer.md").read_text().split("\n| task |", 1)[1].split("\n")[0]
+    assert "| distilled | teacher | pretrained |" not in header  # arms in ARMS order:
+    assert "| pretrained | distilled | teacher |" in header and "| distillation | of teacher |" in header
+    assert "didn't change, skipping" in run_cli("dvc", "repro", cwd=repo).stdout
+    # The student's own settings rerun neither the teacher nor the transfer set.
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["distill"]["temperature"] = 3.0
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = run_cli("dvc", "status", cwd=repo).stdout
+    assert "finetune@reviews" in status and "teacher@" not in status and "transfer_set@" not in status
