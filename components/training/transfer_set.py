@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.errors import DataError
-from components.core.io import atomic_dir, read_json, write_json
+from components.core.io import atomic_dir, write_json
 from components.data.tasks.folder import read_meta, read_split
 from components.data.text import split_words
 from components.data.transfer_set import write_transfer
@@ -61,8 +61,7 @@ def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Di
                       info.max_seq_len, task.long_text, info.label_subwords, task.max_span_words, info.scheme,
                       task.chunk_overlap)
     targets = teacher_targets(model, task.kind, examples, cfg.batch_size * 2)
-    record = {"task": name, "kind": task.kind, "labels": meta["labels"],
-              "teacher": read_json(Path(teacher_dir) / "model" / INFO_FILE).get("fit", "")}
+    record = {"task": name, "kind": task.kind, "labels": meta["labels"], "teacher": info.fit}
     with atomic_dir(out_dir) as tmp:
         write_transfer(table, targets, task.kind, record, tmp)
     stats = {"transfer": True, "rows": table.num_rows, "train_rows": n, "augmented_rows": copies.num_rows,
