@@ -21,6 +21,7 @@ and teacher").
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml", help="the params file of the run (a preset)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # One call predicts every sentence: the serving limit on rows per call is raised to fit them.
+    os.environ.setdefault("BERTFLOW_MAX_ROWS", str(args.sentences))
 
     from transformers import pipeline
 
