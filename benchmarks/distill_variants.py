@@ -4,12 +4,12 @@ settings (epochs), beside the pretrained start, seeds 1-3, validation only.
 
 The teacher and the pretrained encoder are the run's (`bertflow run -p params-distill.yaml
 --until teacher@TASK`); each variant builds its transfer set (transfer_set@task's function,
-with the variant's settings) and fits the student at the task's first rate; the test split is
-never read.
+with the variant's settings) and fits the student at the task's first rate (a student cut from the
+teacher's checkpoint, `student_layers`, at the teacher's rates); the test split is never read.
 
 Usage:  python benchmarks/distill_variants.py --task trec-6 \\
             --variant base='{}' soft='{"alpha": 1.0}' t4='{"temperature": 4.0, "alpha": 0.9}' \\
-            copies6='{"augment_copies": 6}' epochs6='{"epochs": 6}'
+            copies6='{"augment_copies": 6}' epochs6='{"epochs": 6}' minilm01='{"student_layers": [0, 1]}'
         [--params params-distill.yaml] [--project DIR]
 A variant is a JSON object of `distill` keys; `epochs` and `transfer_corpus` are the task's.
 Writes the "Distillation settings: TASK" section of benchmarks/RESULTS.md.
@@ -32,6 +32,7 @@ from benchmarks.exported import project_option  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
 from components.training.finetune import finetune_task, learning_rates  # noqa: E402
+from components.training.student import student_encoder  # noqa: E402
 from components.training.transfer_set import build_transfer  # noqa: E402
 
 TASK_KEYS = ("epochs", "transfer_corpus")
@@ -51,8 +52,9 @@ def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -
     if init == "distilled":
         build_transfer(name, task, cfg, distill, True, task_dir, models / "encoder",
                        models / "teachers" / name, transfer, root / p.paths.clean)
-    stats = finetune_task(name, task, cfg, task_dir, models / "encoder", work / "fits", distill=distill,
-                          transfer_dir=transfer)
+    with student_encoder(distill, init == "distilled", root, root / p.paths.packages) as student:
+        stats = finetune_task(name, task, cfg, task_dir, models / "encoder", work / "fits", distill=distill,
+                              transfer_dir=transfer, student_dir=student)
     fits = list(stats["fits"].values())
     return {"valid": [f["best_val_metric"] for f in fits], "steps": [f["steps"] for f in fits],
             "minutes": (time.perf_counter() - start) / 60}

@@ -147,12 +147,14 @@ def _transfer_set(p: Params, root: Path, run: MlflowRun | None, task: str) -> di
 
 def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
     from components.training.finetune import finetune_task
+    from components.training.student import student_encoder
 
     out = root / p.paths.models / "tasks" / task
-    stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
-                          root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
-                          root / p.paths.models / "adapted" / task, p.distill,
-                          root / p.paths.models / "transfer-set" / task)
+    with student_encoder(p.distill, "distilled" in p.finetune.init, root, root / p.paths.packages) as student:
+        stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
+                              root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
+                              root / p.paths.models / "adapted" / task, p.distill,
+                              root / p.paths.models / "transfer-set" / task, student)
     if run is not None:
         run.log_artifact(out / "model", "model")
         _log_search(p, root, run, task, stats)
@@ -224,7 +226,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
           per_task=True, replaces=lambda p, task: (f"paths.models (transfer-set/{task})",
                                                    f"{p.paths.models}/transfer-set/{task}")),
     Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS, "distill.temperature",
-                                  "distill.alpha"), per_task=True,
+                                  "distill.alpha", "distill.student_layers", "distill.teacher",
+                                  "distill.teacher_lr_grid"), per_task=True,
           replaces=lambda p, task: (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
           artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),

@@ -13,17 +13,21 @@ import pytest
 import torch
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
-from components.core.errors import DataError
+from components.core.errors import ConfigError, DataError
 from components.data.tasks.folder import read_meta, read_split
 from components.data.tasks.prepare import prepare_task
 from components.data.tokenizer import load
 from components.data.transfer_set import TRANSFER_FILE, read_transfer
+from components.model.checkpoint import cut_checkpoint, import_checkpoint
+from components.model.folders import read_weights
 from components.model.heads import CRF
+from components.model.metadata import read_checkpoint_info, read_task_model_info
 from components.training.augment import augment
 from components.training.finetune import finetune_task
+from components.training.student import student_encoder
 from components.training.teacher import fit_teacher
 from components.training.transfer_set import build_transfer, corpus_rows
-from tests.conftest import section
+from tests.conftest import PACKAGES, section
 from tests.test_finetune import _user_files
 
 TASKS = {
@@ -49,8 +53,8 @@ def _distill(teacher: str, **changes) -> DistillConfig:
 
 
 def _cfg(name: str, **changes) -> FinetuneConfig:
-    return section(FinetuneConfig, tasks={name: TASKS[name]}, seeds=[1], lr=3e-3, lr_grid=[], epochs=1,
-                   batch_size=16, min_steps=4, **changes)
+    return section(FinetuneConfig, **{"tasks": {name: TASKS[name]}, "seeds": [1], "lr": 3e-3, "lr_grid": [],
+                                      "epochs": 1, "batch_size": 16, "min_steps": 4, **changes})
 
 
 def test_crf_marginals_are_the_sum_over_every_tag_path():
@@ -169,6 +173,50 @@ def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(pro
         finetune_task("other", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m", distill=distill,
                       transfer_dir=tmp_path / "transfer")
     assert not (tmp_path / "m").exists()
+
+
+def test_a_cut_keeps_the_chosen_layers_of_the_checkpoint_renumbered(tiny_modern_encoder, tmp_path):
+    import_checkpoint("all-minilm-l6-v2", tmp_path, PACKAGES, tmp_path / "minilm")
+    cut = cut_checkpoint(tmp_path / "minilm", [1, 4], tmp_path / "cut")
+    assert (cut.layers, cut.hidden) == (2, 384)
+    assert read_checkpoint_info(tmp_path / "cut").config == cut
+    assert json.loads((tmp_path / "cut" / "config.json").read_text())["num_hidden_layers"] == 2
+    teacher, student = (read_weights(tmp_path / d / "model.safetensors") for d in ("minilm", "cut"))
+    block = "bert.encoder.layer.{}.attention.self.query.weight"
+    assert torch.equal(student[block.format(0)], teacher[block.format(1)])
+    assert torch.equal(student[block.format(1)], teacher[block.format(4)])
+    assert block.format(2) not in student
+    assert torch.equal(student["bert.embeddings.word_embeddings.weight"],
+                       teacher["bert.embeddings.word_embeddings.weight"])
+    with pytest.raises(ConfigError, match=r"student_layers \[6\]: .*minilm has layers 0 to 5"):
+        cut_checkpoint(tmp_path / "minilm", [6], tmp_path / "bad")
+    import_checkpoint(str(tiny_modern_encoder), tmp_path, PACKAGES, tmp_path / "modern")
+    with pytest.raises(ConfigError, match=r"is a modern encoder; only a classic one is cut"):
+        cut_checkpoint(tmp_path / "modern", [0], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="distinct layer indices, ascending"):
+        _distill("all-minilm-l6-v2", student_layers=[2, 1])
+
+
+@pytest.mark.slow
+def test_a_student_cut_from_the_teacher_trains_with_its_own_tokenizer_at_the_teachers_rate(
+        project, tiny_encoder, tiny_modern_encoder, reviews_teacher, tmp_path):
+    reviews = project / "tasks" / "reviews"
+    cfg = _cfg("reviews", init=["distilled", "pretrained"], lr=1e-3)
+    distill = _distill("all-minilm-l6-v2", augment_copies=0, student_layers=[0])
+    build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
+                   tmp_path / "transfer")
+    with student_encoder(distill.model_copy(update={"student_layers": []}), True, project, PACKAGES) as none:
+        assert none is None  # the student is the pretrained encoder
+    with student_encoder(distill, True, project, PACKAGES) as student:
+        fits = finetune_task("reviews", TASKS["reviews"], cfg, reviews, tiny_modern_encoder, tmp_path / "m",
+                             distill=distill, transfer_dir=tmp_path / "transfer", student_dir=student)
+    assert not student.exists()  # built for the stage, gone after it
+    assert {k: f["lr"] for k, f in fits["fits"].items()} == {"distilled-s1": 3e-3, "pretrained-s1": 1e-3}
+    exported = read_task_model_info(tmp_path / "m" / "model")  # the first init's: the student
+    assert (exported.config.arch, exported.config.layers, exported.config.hidden) == ("classic", 1, 384)
+    assert load(tmp_path / "m" / "model").get_vocab_size() == 30522  # MiniLM's tokenizer, not ours
+    assert (tmp_path / "m" / "fits" / "pretrained-s1.parquet").is_file()
 
 
 def test_without_the_distilled_start_both_stages_write_an_empty_record(project, tiny_encoder, tmp_path):

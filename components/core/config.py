@@ -336,6 +336,9 @@ class DistillConfig(Section):
     augment_prob: Share = doc("Share of an example's replaceable words (one subword, letters) replaced.")
     augment_top_k: AtLeast1 = doc("A replacement is drawn from the MLM's k most likely words.")
     corpus_rows: Count = doc("A task's transfer_corpus rows at most (documents, or sentences for tags).")
+    student_layers: Annotated[list[int], rule(lambda v: v == sorted(set(v)) and min(v, default=0) >= 0,
+                                              "must be distinct layer indices, ascending")] = doc(
+        "The student: empty, the pretrained encoder; else these layers of distill.teacher's checkpoint.")
     seed: int = doc("Seed of the augmentation.")
 
 class EvaluateConfig(Section):

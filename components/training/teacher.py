@@ -25,7 +25,7 @@ from components.data.tasks.folder import read_meta, read_split
 from components.evaluation.metrics import primary_metric, score_predictions
 from components.model.checkpoint import import_checkpoint
 from components.model.metadata import INFO_FILE
-from components.training.finetune import finetune_task
+from components.training.finetune import finetune_task, teacher_rates
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,7 @@ def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Disti
         with atomic_dir(out_dir) as tmp:
             write_json(tmp / INFO_FILE, {"teacher": ""})
         return {"teacher": ""}
-    rates = [task.teacher_lr] if task.teacher_lr else list(distill.teacher_lr_grid)
-    teacher_task = task.model_copy(update={"lr": 0.0, "lr_grid": rates})
+    teacher_task = task.model_copy(update={"lr": 0.0, "lr_grid": teacher_rates(task, distill)})
     # The checkpoint arm of finetune_task: fits named checkpoint-sN, exported from the first seed.
     teacher_cfg = cfg.model_copy(update={"init": ["checkpoint"], "seeds": list(distill.teacher_seeds),
                                          "onnx": False})

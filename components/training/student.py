@@ -1,0 +1,29 @@
+"""The `distilled` start's student when it is not the pipeline's pretrained encoder: the layers
+`distill.student_layers` of the teacher's checkpoint (`distill.teacher`), renumbered, as
+DistilBERT started from every other layer of BERT. Built in a temporary folder by the finetune
+stage (a cut of a few hundred MB takes seconds), so that choosing other layers reruns no teacher.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from components.core.config import DistillConfig
+from components.model.checkpoint import cut_checkpoint, import_checkpoint
+
+
+@contextmanager
+def student_encoder(distill: DistillConfig | None, wanted: bool, root: Path,
+                    packages_dir: Path) -> Iterator[Path | None]:
+    """A folder holding the cut student while the context lasts; None when the student is the
+    pretrained encoder (no `distilled` start, or no student_layers)."""
+    if not (wanted and distill and distill.student_layers):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="bertflow-student-") as work:
+        import_checkpoint(distill.teacher, root, packages_dir, Path(work) / "teacher")
+        cut_checkpoint(Path(work) / "teacher", distill.student_layers, Path(work) / "student")
+        yield Path(work) / "student"
