@@ -6,6 +6,7 @@ test split against the fp32 torch model's. Shapes: B batch, T subword positions,
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from torch import nn
 
 from components.core.errors import ConfigError
 from components.model.decoding import SPAN_INPUTS
+from components.model.encoder import SelfAttention
 
 ONNX_DIR = "onnx"  # inside an exported task model folder
 FP32, INT8, CHECK = "model.onnx", "model-int8.onnx", "int8-check.json"
@@ -39,6 +41,39 @@ class _Graph(nn.Module):
         return self.model(**dict(zip(self.names, inputs, strict=True)))
 
 
+class _MatmulAttention(nn.Module):
+    """A classic block's attention, the same weights, as plain products with an additive mask.
+
+    SDPA's export guards every softmax row against NaN (an IsNaN and a Where per layer), which
+    ONNX Runtime runs as separate passes over (B, heads, T, T) and quantizes around; in this
+    form the int8 graph of a 2 x 384 encoder answered 1.18 times as many sentences per second
+    (benchmarks/RESULTS.md, "Batch prediction"). The answers are the same: a hidden key's
+    weight is exp(-10000) = 0 in float32, as with SDPA's -inf."""
+
+    def __init__(self, attention: SelfAttention):
+        super().__init__()
+        self.qkv, self.out, self.heads = attention.qkv, attention.out, attention.heads
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / (H // self.heads) ** 0.5  # (B, heads, T, T)
+        if mask is not None:  # True where attention may look
+            scores = scores + (~mask).to(scores.dtype) * -10000.0
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H))
+
+
+def _for_export(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose classic attention runs as _MatmulAttention (a modern encoder's
+    keeps SDPA: its windows and rotary positions are traced as they are)."""
+    model = copy.deepcopy(model)
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, SelfAttention):
+                setattr(parent, name, _MatmulAttention(child))
+    return model
+
+
 def export_graph(model: nn.Module, kind: str, max_len: int, out: Path) -> None:
     """The head as ONNX at `out`, with the batch, token and span counts left dynamic.
 
@@ -57,7 +92,7 @@ def export_graph(model: nn.Module, kind: str, max_len: int, out: Path) -> None:
     # wrapper left in training mode would switch the caller's model's dropout back on.
     with warnings.catch_warnings():  # the tracer's warnings name the branches the docstring says
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(_Graph(model, kind).eval(), tuple(example[n] for n in names), str(out),
+        torch.onnx.export(_Graph(_for_export(model), kind).eval(), tuple(example[n] for n in names), str(out),
                           input_names=list(names), output_names=["scores"], dynamic_axes=axes,
                           opset_version=17, dynamo=False)
 
