@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import onnx
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from components.core.errors import ConfigError
 from components.lifecycle.backends import BACKEND_ENV
 from components.model.build import task_model
 from components.model.config import BertConfig
+from components.model.encoder import SelfAttention
 from components.model.onnx_model import CHECK, FP32, INT8, ONNX_DIR, OnnxHead, export_graph, onnx_file
 from tests.conftest import section
 
@@ -57,6 +59,10 @@ def test_the_graph_answers_as_torch_at_other_shapes(cfg, kind, tmp_path):
         got = head(**inputs)
         assert got.shape == want.shape and (got - want).abs().max() < 1e-4, (B, T)
     assert head.crf is (model.crf if kind == "token" else None)  # decoding.predict finds it there
+    if cfg.arch == "classic":  # attention as plain products: no NaN guard for ONNX Runtime to run
+        ops = {node.op_type for node in onnx.load(tmp_path / FP32).graph.node}
+        assert "Softmax" in ops and "IsNaN" not in ops, ops
+        assert any(isinstance(m, SelfAttention) for m in model.modules())  # the caller's model as it was
 
 
 def _reviews(root) -> TaskConfig:

@@ -45,10 +45,9 @@ class _MatmulAttention(nn.Module):
     """A classic block's attention, the same weights, as plain products with an additive mask.
 
     SDPA's export guards every softmax row against NaN (an IsNaN and a Where per layer), which
-    ONNX Runtime runs as separate passes over (B, heads, T, T) and quantizes around; in this
-    form the int8 graph of a 2 x 384 encoder answered 1.18 times as many sentences per second
-    (benchmarks/RESULTS.md, "Batch prediction"). The answers are the same: a hidden key's
-    weight is exp(-10000) = 0 in float32, as with SDPA's -inf."""
+    ONNX Runtime runs as extra passes over (B, heads, T, T); without them the int8 graph answers
+    more sentences per second (benchmarks/RESULTS.md, "ONNX attention export"). The answers are
+    the same: a hidden key's weight is exp(-10000) = 0 in float32, as with SDPA's -inf."""
 
     def __init__(self, attention: SelfAttention):
         super().__init__()
