@@ -46,8 +46,8 @@ class _MatmulAttention(nn.Module):
 
     SDPA's export guards every softmax row against NaN (an IsNaN and a Where per layer), which
     ONNX Runtime runs as extra passes over (B, heads, T, T); without them the int8 graph answers
-    more sentences per second (benchmarks/RESULTS.md, "ONNX attention export"). The answers are
-    the same: a hidden key's weight is exp(-10000) = 0 in float32, as with SDPA's -inf."""
+    more sentences per second (benchmarks/onnx_attention.py). The answers are the same: a
+    hidden key's weight is exp(-10000) = 0 in float32, as with SDPA's -inf."""
 
     def __init__(self, attention: SelfAttention):
         super().__init__()
