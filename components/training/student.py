@@ -1,7 +1,7 @@
 """The `distilled` start's student when it is not the pipeline's pretrained encoder: the layers
 `distill.student_layers` of the teacher's checkpoint (`distill.teacher`), renumbered, as
 DistilBERT started from every other layer of BERT. Built in a temporary folder by the finetune
-stage (a cut of a few hundred MB takes seconds), so that choosing other layers reruns no teacher.
+stage (MiniLM's cut takes seconds), so that choosing other layers reruns no teacher.
 """
 
 from __future__ import annotations
