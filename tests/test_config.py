@@ -315,3 +315,13 @@ def test_modern_needs_even_heads_and_mlm(tmp_path):
     data["pretrain"].update(objective="mlm", position_init="sinusoidal")
     with pytest.raises(ConfigError, match=re.escape("pretrain.position_init: sinusoidal needs model.arch")):
         load_params(write_params(tmp_path, data))
+
+
+def test_the_distill_preset_serves_a_student_cut_from_its_teacher():
+    preset, base = load_params(ROOT / "params-distill.yaml"), load_params(ROOT / "params.yaml")
+    # The student is the first start: the model exported, registered and served.
+    assert preset.finetune.init[0] == "distilled" and {"pretrained", "scratch"} <= set(preset.finetune.init)
+    assert preset.distill.teacher == base.distill.teacher and preset.distill.student_layers == [0, 1]
+    assert base.distill.student_layers == []  # the default's student is its own encoder
+    assert preset.paths.clean == base.paths.clean and preset.paths.tasks == base.paths.tasks
+    assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
