@@ -97,10 +97,18 @@ def export_graph(model: nn.Module, kind: str, max_len: int, out: Path) -> None:
 
 
 def quantize(src: Path, dst: Path) -> None:
-    """`src` with its matrix weights in int8 (activations quantized per batch at run time)."""
+    """`src` with its matrix weights in int8 (activations quantized per batch at run time).
+
+    One scale per output column, not one per matrix: a column of small weights keeps its
+    precision beside a column of large ones. Only the products are quantized; the embedding
+    lookups, which int8 would not speed up, stay fp32. On a classic encoder cut from MiniLM
+    this lifted the int8 answers' agreement with fp32 from 98.4% to 99.1% (movie-sentiment's
+    test split), and on the MiniLM teacher from 97.2% to 99.3% (benchmarks/int8_recipe.py).
+    """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+                     op_types_to_quantize=["MatMul"])
 
 
 class OnnxHead(nn.Module):

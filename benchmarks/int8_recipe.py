@@ -1,0 +1,119 @@
+"""The int8 recipe: onnxruntime's default dynamic quantization (one scale per weight matrix, the
+embedding tables quantized too) against bertflow's (components.model.onnx_model.quantize: one
+scale per output column, the matrix products only), on the same ONNX graph of each exported task
+model and, with the distill preset, each teacher. Per model and recipe: the share of test
+examples whose int8 answer equals the fp32 torch model's (the int8 check serves at >= 99%), the
+test metric, and int8 sentences per second on the test split (median of interleaved repeats).
+
+Usage:  python benchmarks/int8_recipe.py [--project DIR] [--params params-distill.yaml] [--repeats 3]
+Writes the "int8 recipe: PARAMS" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.exported import project_option  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
+from components.core.params import load_params  # noqa: E402
+from components.data.tasks.folder import read_split  # noqa: E402
+from components.lifecycle.inference import load_task_model  # noqa: E402
+from components.model.decoding import predict  # noqa: E402
+from components.model.inputs import encode  # noqa: E402
+from components.model.onnx_model import OnnxHead, _answer, export_graph, quantize  # noqa: E402
+from components.training.finetune_module import score  # noqa: E402
+
+SECTION = "## int8 recipe"  # ": PARAMS" follows: one section per params file
+
+
+def onnxruntime_default(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+
+
+RECIPES = {"per matrix, embeddings too": onnxruntime_default, "per column, products only": quantize}
+
+
+def models(project: Path, params: str) -> list[tuple[str, Path, Path]]:
+    """(name, model folder, task data folder) of each exported task model and teacher."""
+    p = load_params(project / params)
+    found = []
+    for kind in ("tasks", "teachers"):
+        for task in p.finetune.tasks:
+            model = project / p.paths.models / kind / task / "model"
+            if model.exists():
+                found.append((f"{task} ({'teacher' if kind == 'teachers' else 'exported'})", model,
+                              project / p.paths.tasks / task))
+    return found
+
+
+def compare(model_dir: Path, task_dir: Path, tmp: Path, repeats: int) -> tuple[float, dict[str, dict]]:
+    """The fp32 torch model's test metric, and each recipe's agreement with its answers, int8
+    metric and sentences per second on the test split."""
+    tm = load_task_model(model_dir)
+    info, task = tm.info, tm.info.task
+    gold = read_split(task_dir, "test")
+    test = encode(gold, task.kind, tm.tokenizer, info.labels, info.max_seq_len, task.long_text,
+                  info.label_subwords, task.max_span_words, info.scheme, task.chunk_overlap)
+    decoding = {"span_decoding": task.span_decoding, "threshold": info.threshold,
+                "tag_decoding": task.tag_decoding}
+    fp32 = predict(tm.model, task.kind, test, info.space, 64, **decoding)
+    export_graph(tm.model, task.kind, info.max_seq_len, tmp / "fp32.onnx")
+    heads = {}
+    for i, (name, recipe) in enumerate(RECIPES.items()):
+        recipe(tmp / "fp32.onnx", tmp / f"int8-{i}.onnx")
+        heads[name] = OnnxHead(tmp / f"int8-{i}.onnx", getattr(tm.model, "crf", None))
+    rows: dict[str, dict] = {name: {"rates": []} for name in heads}
+    for _ in range(repeats):  # interleaved: a busy moment slows every recipe alike
+        for name, head in heads.items():
+            start = time.perf_counter()
+            found = predict(head, task.kind, test, info.space, 64, **decoding)
+            rows[name]["rates"].append(len(gold) / (time.perf_counter() - start))
+            same = [_answer(task.kind, a) == _answer(task.kind, b) for a, b in zip(fp32, found, strict=True)]
+            rows[name].update(agreement=sum(same) / len(same),
+                              metric=score(task.kind, info.space, found, gold, info.scheme))
+    for r in rows.values():
+        r["rate"] = statistics.median(r.pop("rates"))
+    return score(task.kind, info.space, fp32, gold, info.scheme), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    project_option(parser)
+    parser.add_argument("--params", default="params.yaml", help="the params file of the run (a preset)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    a, b = RECIPES
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model, task_dir in models(args.project, args.params):
+            fp32, r = compare(model, task_dir, Path(tmp), args.repeats)
+            cells = [f"{r[k]['agreement']:.2%} | {r[k]['metric'] * 100:.2f} | {r[k]['rate']:,.0f}"
+                     for k in (a, b)]
+            lines.append(f"| {name} | {fp32 * 100:.2f} | {' | '.join(cells)} |")
+            print(lines[-1], flush=True)
+    write_section("\n".join([
+        f"{SECTION}: {args.params}", "",
+        f"Reproduce: `python benchmarks/int8_recipe.py --project DIR --params {args.params}` "
+        f"({torch.get_num_threads()} threads). Each model's ONNX graph quantized by onnxruntime's "
+        f"default dynamic recipe (*{a}*) and by bertflow's (*{b}*: "
+        "`components.model.onnx_model.quantize`), on its test split: agreement with the fp32 "
+        "torch model's answers (the int8 check serves at ≥ 99%), the int8 metric, and int8 "
+        "sentences (or texts) per second, the median of interleaved repeats.", "",
+        f"| model | fp32 metric | {a}: agreement | metric | per s | {b}: agreement | metric | per s |",
+        "|---|---|---|---|---|---|---|---|", *lines, ""]))
+
+
+if __name__ == "__main__":
+    main()
