@@ -187,7 +187,8 @@ def _transfer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
 
     metrics = root / p.paths.metrics
     return transfer_report(list(p.finetune.tasks), metrics / "tasks", metrics / "transfer.md",
-                           metrics / "transfer.json", p.pretrain.init_from)
+                           metrics / "transfer.json", p.pretrain.init_from, p.distill.student_layers,
+                           p.distill.teacher)
 
 
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
@@ -231,7 +232,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
           replaces=lambda p, task: (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
           artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),
-    Stage("transfer", _transfer, ("finetune.tasks", "evaluate", "pretrain.init_from"),
+    Stage("transfer", _transfer, ("finetune.tasks", "evaluate", "pretrain.init_from",
+                                  "distill.student_layers", "distill.teacher"),
           artifacts=lambda p, root, task: [root / p.paths.metrics / "transfer.md"]),
 ]}
 

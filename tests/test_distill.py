@@ -18,6 +18,8 @@ from components.data.tasks.folder import read_meta, read_split
 from components.data.tasks.prepare import prepare_task
 from components.data.tokenizer import load
 from components.data.transfer_set import TRANSFER_FILE, read_transfer
+from components.evaluation.tables import summarize
+from components.evaluation.transfer import transfer_report
 from components.model.checkpoint import cut_checkpoint, import_checkpoint
 from components.model.folders import read_weights
 from components.model.heads import CRF
@@ -217,6 +219,24 @@ def test_a_student_cut_from_the_teacher_trains_with_its_own_tokenizer_at_the_tea
     assert (exported.config.arch, exported.config.layers, exported.config.hidden) == ("classic", 1, 384)
     assert load(tmp_path / "m" / "model").get_vocab_size() == 30522  # MiniLM's tokenizer, not ours
     assert (tmp_path / "m" / "fits" / "pretrained-s1.parquet").is_file()
+
+
+def test_the_transfer_table_says_which_student_was_distilled(tmp_path):
+    metrics = tmp_path / "tasks" / "reviews"
+    metrics.mkdir(parents=True)
+    scores = {"pretrained": [0.80, 0.82], "distilled": [0.85, 0.86], "scratch": [0.70, 0.72]}
+    (metrics / "evaluate_stats.json").write_text(json.dumps({
+        "kind": "classification", "metric": "accuracy",
+        "primary": {init: summarize(values) for init, values in scores.items()}}))
+    (metrics / "finetune_stats.json").write_text(json.dumps({"fits": {
+        f"{init}-s{seed}": {"steps": 10, "lr": 1e-3} for init in scores for seed in (1, 2)}}))
+    (metrics / "teacher_stats.json").write_text(json.dumps({
+        "teacher": "all-minilm-l6-v2", "scores": {"checkpoint-s1": {"test": 0.9, "valid": 0.9}}}))
+    for layers, student in (([0, 1], "layers 0, 1 of all-minilm-l6-v2, the teacher's checkpoint"),
+                            ([], "the pretrained encoder")):
+        transfer_report(["reviews"], tmp_path / "tasks", tmp_path / "transfer.md", tmp_path / "transfer.json",
+                        student_layers=layers, teacher="all-minilm-l6-v2")
+        assert f"*distilled*: {student}" in (tmp_path / "transfer.md").read_text()
 
 
 def test_without_the_distilled_start_both_stages_write_an_empty_record(project, tiny_encoder, tmp_path):

@@ -53,8 +53,9 @@ def _baseline_legend(rows: list[dict]) -> str:
 
 
 def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
-                    init_from: str = "") -> dict:
-    """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools."""
+                    init_from: str = "", student_layers: Sequence[int] = (), teacher: str = "") -> dict:
+    """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools.
+    `student_layers` and `teacher` (distill's) say what the `distilled` start's student was."""
     rows = []
     for name in tasks:
         path = Path(tasks_dir) / name / "evaluate_stats.json"
@@ -77,7 +78,10 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
                    "*vs checkpoint*: pretrained minus checkpoint as is, in points, and "
                    "*continued pretraining helps* when it exceeds the larger seed std; ")
     if any(r.get("distilled") for r in rows):
-        legend += ("*distilled*: the pretrained encoder fine-tuned on its *teacher*'s soft targets "
+        student = (f"layers {', '.join(map(str, student_layers))} of {teacher}, the teacher's "
+                   "checkpoint, with its embeddings and tokenizer," if student_layers
+                   else "the pretrained encoder")
+        legend += (f"*distilled*: {student} fine-tuned on its *teacher*'s soft targets "
                    "over the training split and its augmented copies (teacher_stats.json, "
                    "transfer_set_stats.json); *distillation*: distilled minus pretrained, in points; "
                    "*of teacher*: the distilled score as a share of the teacher's; ")
