@@ -33,8 +33,9 @@ from components.training.finetune_module import score  # noqa: E402
 SECTION = "## int8 check"
 
 
-def check(model_dir: Path, task_dir: Path, out: Path) -> dict:
-    """write_onnx on one exported task model, its fp32 torch predictions of the test split first."""
+def fp32_on_test(model_dir: Path, task_dir: Path) -> tuple:
+    """An exported task model, its task's test split (rows, and encoded for it), its decoding
+    settings and the fp32 torch model's answers on that split."""
     tm = load_task_model(model_dir)
     info, task = tm.info, tm.info.task
     gold = read_split(task_dir, "test")
@@ -42,7 +43,13 @@ def check(model_dir: Path, task_dir: Path, out: Path) -> dict:
                   info.label_subwords, task.max_span_words, info.scheme, task.chunk_overlap)
     decoding = {"span_decoding": task.span_decoding, "threshold": info.threshold,
                 "tag_decoding": task.tag_decoding}
-    fp32 = predict(tm.model, task.kind, test, info.space, 64, **decoding)
+    return tm, gold, test, decoding, predict(tm.model, task.kind, test, info.space, 64, **decoding)
+
+
+def check(model_dir: Path, task_dir: Path, out: Path) -> dict:
+    """write_onnx on one exported task model, its fp32 torch predictions of the test split first."""
+    tm, gold, test, decoding, fp32 = fp32_on_test(model_dir, task_dir)
+    info, task = tm.info, tm.info.task
     metric = (primary_metric(task.kind, info.scheme),
               lambda found: score(task.kind, info.space, found, gold, info.scheme))
     start = time.perf_counter()

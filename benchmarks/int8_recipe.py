@@ -24,12 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.exported import project_option  # noqa: E402
+from benchmarks.int8_check import fp32_on_test  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from components.core.params import load_params  # noqa: E402
-from components.data.tasks.folder import read_split  # noqa: E402
-from components.lifecycle.inference import load_task_model  # noqa: E402
 from components.model.decoding import predict  # noqa: E402
-from components.model.inputs import encode  # noqa: E402
 from components.model.onnx_model import OnnxHead, _answer, export_graph, quantize  # noqa: E402
 from components.training.finetune_module import score  # noqa: E402
 
@@ -61,14 +59,8 @@ def models(project: Path, params: str) -> list[tuple[str, Path, Path]]:
 def compare(model_dir: Path, task_dir: Path, tmp: Path, repeats: int) -> tuple[float, dict[str, dict]]:
     """The fp32 torch model's test metric, and each recipe's agreement with its answers, int8
     metric and sentences per second on the test split."""
-    tm = load_task_model(model_dir)
+    tm, gold, test, decoding, fp32 = fp32_on_test(model_dir, task_dir)
     info, task = tm.info, tm.info.task
-    gold = read_split(task_dir, "test")
-    test = encode(gold, task.kind, tm.tokenizer, info.labels, info.max_seq_len, task.long_text,
-                  info.label_subwords, task.max_span_words, info.scheme, task.chunk_overlap)
-    decoding = {"span_decoding": task.span_decoding, "threshold": info.threshold,
-                "tag_decoding": task.tag_decoding}
-    fp32 = predict(tm.model, task.kind, test, info.space, 64, **decoding)
     export_graph(tm.model, task.kind, info.max_seq_len, tmp / "fp32.onnx")
     heads = {}
     for i, (name, recipe) in enumerate(RECIPES.items()):
