@@ -66,17 +66,18 @@ def compare(model_dir: Path, task_dir: Path, tmp: Path, repeats: int) -> tuple[f
     for i, (name, recipe) in enumerate(RECIPES.items()):
         recipe(tmp / "fp32.onnx", tmp / f"int8-{i}.onnx")
         heads[name] = OnnxHead(tmp / f"int8-{i}.onnx", getattr(tm.model, "crf", None))
-    rows: dict[str, dict] = {name: {"rates": []} for name in heads}
+    rates: dict[str, list[float]] = {name: [] for name in heads}
+    found: dict[str, list] = {}
     for _ in range(repeats):  # interleaved: a busy moment slows every recipe alike
         for name, head in heads.items():
             start = time.perf_counter()
-            found = predict(head, task.kind, test, info.space, 64, **decoding)
-            rows[name]["rates"].append(len(gold) / (time.perf_counter() - start))
-            same = [_answer(task.kind, a) == _answer(task.kind, b) for a, b in zip(fp32, found, strict=True)]
-            rows[name].update(agreement=sum(same) / len(same),
-                              metric=score(task.kind, info.space, found, gold, info.scheme))
-    for r in rows.values():
-        r["rate"] = statistics.median(r.pop("rates"))
+            found[name] = predict(head, task.kind, test, info.space, 64, **decoding)
+            rates[name].append(len(gold) / (time.perf_counter() - start))
+    rows = {}
+    for name, answers in found.items():  # the same answers on every pass: scored once
+        same = [_answer(task.kind, a) == _answer(task.kind, b) for a, b in zip(fp32, answers, strict=True)]
+        rows[name] = {"agreement": sum(same) / len(same), "rate": statistics.median(rates[name]),
+                      "metric": score(task.kind, info.space, answers, gold, info.scheme)}
     return score(task.kind, info.space, fp32, gold, info.scheme), rows
 
 
