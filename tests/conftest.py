@@ -34,7 +34,13 @@ from pipeline.ops import env  # noqa: E402
 
 env.configure()
 
+# Fits in the test's own process, as finetune.workers 1 has them: a spawned fit worker imports
+# torch and Lightning again (5-8 CPU-s), more than a test's fits take; on the suite's 2 busy
+# cores that tripled test_finetune's CPU time. test_finetune checks that fits in worker processes
+# (the default, workers 0) are exactly these.
+IN_PROCESS = {"finetune": {"workers": 1}}
 SMALL = {
+    **IN_PROCESS,
     "paths": {"packages": str(PACKAGES)},
     "executor": {"workers": 2},
     "ingest": {
@@ -77,11 +83,13 @@ def project_params():
 
 def section(cls: type[M], **changes) -> M:
     """params.yaml's section of type `cls` with `changes`, checked as a file's would be: the code
-    holds no defaults, so a test starts from the project's values as a user does."""
+    holds no defaults, so a test starts from the project's values as a user does (fits in the
+    test's process: IN_PROCESS)."""
     from components.core.config import Params
 
     name = next(n for n, f in Params.model_fields.items() if f.annotation is cls)
-    return cls.model_validate({**getattr(project_params(), name).model_dump(), **changes})
+    return cls.model_validate({**getattr(project_params(), name).model_dump(), **IN_PROCESS.get(name, {}),
+                               **changes})
 
 
 def write_params(folder: Path, data: dict) -> Path:

@@ -246,6 +246,38 @@ def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
     assert torch.equal(*draws)
 
 
+@pytest.mark.slow
+def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_path):
+    # The suite fits in its own process (conftest's IN_PROCESS); a run's default spreads the
+    # fits over worker processes, which must train and predict exactly what one process does.
+    from components.core.config import FinetuneConfig, TaskConfig
+    from components.data.tasks.prepare import prepare_task
+    from components.training.finetune import finetune_task
+    from components.training.workers import threads_per_worker
+    from tests.conftest import tree
+
+    _user_files(tmp_path / "user")
+    task = TaskConfig(kind="classification", source="user/reviews.csv",
+                      columns={"text": "review", "label": "verdict"})
+    prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
+    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained", "scratch"],
+                  lr=3e-3, lr_grid=[], epochs=2, batch_size=16, workers=2)
+    spread = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "spread")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_worker(2))  # each worker's share of the cores
+    try:
+        alone = finetune_task("reviews", task, cfg.model_copy(update={"workers": 1}), tmp_path / "task",
+                              tiny_encoder, tmp_path / "alone")
+    finally:
+        torch.set_num_threads(threads)
+    assert (spread.pop("this_run")["workers"], alone.pop("this_run")["workers"]) == (2, 1)
+    # The record names each process's share of the cores; this process was given a worker's.
+    assert (spread.pop("machine")["threads"], alone.pop("machine")["threads"]) == (threads_per_worker(2),
+                                                                                  threads_per_worker(1))
+    assert spread == alone and len(spread["fits"]) == 4
+    assert tree(tmp_path / "spread") == tree(tmp_path / "alone")  # the exported model and predictions
+
+
 def _user_files(folder):
     """A keyword-sentiment CSV, a JSONL pair file, a CoNLL file of entities and one of plain
     tags (parts of speech), small and learnable."""
