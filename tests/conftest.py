@@ -265,12 +265,10 @@ def prefect_api(tmp_path_factory) -> Iterator[str]:
     quiet = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
         "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER", "FOREMAN", "LATE_RUNS", "PAUSE_EXPIRATIONS",
         "REPOSSESSOR", "SCHEDULER", "TRIGGERS")}
-    os.environ.update(quiet)  # the server process inherits them; taken back before any test runs
-    try:
+    with pytest.MonkeyPatch.context() as env_vars:  # the server inherits them; no test does
+        for key, value in quiet.items():
+            env_vars.setenv(key, value)
         server, _ = prefect_server.start(root, port, say=lambda _: None)
-    finally:
-        for key in quiet:
-            os.environ.pop(key)
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
