@@ -66,11 +66,13 @@ def commit(root: Path, stage: str) -> None:
     with atomic_file(_journal(root)) as tmp:  # empty: there was no dvc.lock
         tmp.write_bytes(lock.read_bytes() if lock.exists() else b"")
     with _repo(root) as repo:
-        repo.commit(stage, force=True)
+        committed = repo.commit(stage, force=True)
         # DVC logs a failed cache copy (a full disk: ENOSPC) and records the stage all the same;
         # its status then says "not in cache". Recorded so, the stage's outputs exist nowhere
-        # but in the workspace: put dvc.lock back and fail instead.
-        missing = repo.status(targets=[stage])
+        # but in the workspace: put dvc.lock back and fail instead. (The status of the stage
+        # objects just recorded: `repo.status` would load dvc.yaml and dvc.lock once more.)
+        with repo.lock:  # as `repo.status` takes it
+            missing = {k: v for s in committed for k, v in s.status().items()}
     if missing:
         recover_lock(root)
         raise BertflowError(f"stage {stage}: DVC could not store its outputs in its cache "

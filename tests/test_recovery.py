@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, make_task_project, run_cli
+from tests.conftest import BIN, POOL, make_task_project, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 # One task: a second would run the same stage code again, and its kills would cost the suite
@@ -34,7 +34,7 @@ DONE = re.compile(r"stage (\S+): ran in ([\d.]+) s")
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[Path, dict[str, float]]:
     """The project run straight through, and how long each of its stages took."""
-    repo = make_task_project(tmp_path_factory.mktemp("reference") / "project", TASKS)
+    repo = make_task_project(tmp_path_factory.mktemp("reference") / "project", TASKS, **POOL)
     out = run_cli("bertflow", "run", cwd=repo)
     seconds = {m[1]: float(m[2]) for m in DONE.finditer(out.stdout + out.stderr)}
     assert "pretrain" in seconds and "registry" in seconds, out.stderr[-3000:]
@@ -88,7 +88,7 @@ def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(refere
     ref, seconds = reference
     seed = int(os.environ.get("BERTFLOW_KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
-    repo = make_task_project(tmp_path / "project", TASKS)
+    repo = make_task_project(tmp_path / "project", TASKS, **POOL)
     checkpoints = repo / "data" / "models" / "pretrain-snapshots"
     killed, resumable = {}, False
     for stage in seconds:

@@ -81,7 +81,12 @@ def serve_ui(params: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
 
     check_port(host, port)
     typer.echo(f"MLflow UI: http://{host}:{port} (Ctrl-C stops it)\n{PREFECT_HINT}")
-    return run_until_stopped(mlflow_ui_command(params, host, port))
+    # Without MLflow's job runner (on by default in MLflow 3): it serves GenAI jobs (judges,
+    # prompt optimization, trace roll-ups) that bertflow's runs never create, and a consumer
+    # process per kind of job. Measured: 11 processes, 2.4 GB and 27 CPU-s in the UI's first
+    # 30 s with it, 3, 0.5 GB and 6 CPU-s without. A value the user set is kept.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    return run_until_stopped(mlflow_ui_command(params, host, port), env)
 
 
 def run_until_stopped(cmd: list[str], env: dict[str, str] | None = None) -> int:
