@@ -7,6 +7,7 @@ result with `dvc commit`: dvc.lock and the cache end up exactly as `dvc repro` l
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,12 +197,21 @@ def push(root: Path) -> int:
 
 
 def _recorded(root: Path) -> dict[str, dict]:
-    """dvc.lock's stages by name (empty without a dvc.lock), parsed by libyaml where PyYAML
-    has it: the flow reads it once per skipped stage."""
+    """dvc.lock's stages by name (empty without a dvc.lock); read-only. The flow asks once per
+    skipped stage: parsed once per version of the file (its size and change time)."""
+    lock = root / "dvc.lock"
+    try:
+        stat = lock.stat()
+    except FileNotFoundError:
+        return {}
+    return _parsed_lock(str(lock), (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_lock(path: str, version: tuple[int, int, int]) -> dict[str, dict]:
+    """The stages of the dvc.lock at `path` as it is at `version`, parsed by libyaml where
+    PyYAML has it."""
     import yaml
 
-    lock = root / "dvc.lock"
-    if not lock.exists():
-        return {}
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return (yaml.load(lock.read_text(), Loader=loader) or {}).get("stages", {})
+    return (yaml.load(Path(path).read_text(), Loader=loader) or {}).get("stages", {})

@@ -164,7 +164,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # The longest files, run first: with the suite spread over processes a file at a time (`make
 # test`), a long file started last would keep one process busy after the others are done.
-LONGEST_FIRST = ("test_lifecycle.py", "test_recovery.py", "test_pipeline.py", "test_lock.py")
+LONGEST_FIRST = ("test_lifecycle.py", "test_recovery.py", "test_pretrain.py", "test_pipeline.py",
+                 "test_modern.py", "test_rough_edges.py", "test_lock.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
