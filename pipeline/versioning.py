@@ -197,8 +197,8 @@ def push(root: Path) -> int:
 
 
 def _recorded(root: Path) -> dict[str, dict]:
-    """dvc.lock's stages by name (empty without a dvc.lock); read-only. The flow asks once per
-    skipped stage: parsed once per version of the file (its size and change time)."""
+    """dvc.lock's stages by name (empty without a dvc.lock), shared between calls: not to be
+    changed. The flow asks once per skipped stage; the file is parsed once per version of it."""
     lock = root / "dvc.lock"
     try:
         stat = lock.stat()
