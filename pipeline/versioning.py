@@ -204,14 +204,14 @@ def _recorded(root: Path) -> dict[str, dict]:
         stat = lock.stat()
     except FileNotFoundError:
         return {}
-    return _parsed_lock(str(lock), (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+    return _parsed_lock(lock, (stat.st_mtime_ns, stat.st_size, stat.st_ino))
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed_lock(path: str, version: tuple[int, int, int]) -> dict[str, dict]:
+def _parsed_lock(path: Path, version: tuple[int, int, int]) -> dict[str, dict]:
     """The stages of the dvc.lock at `path` as it is at `version`, parsed by libyaml where
     PyYAML has it."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return (yaml.load(Path(path).read_text(), Loader=loader) or {}).get("stages", {})
+    return (yaml.load(path.read_text(), Loader=loader) or {}).get("stages", {})

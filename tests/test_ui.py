@@ -36,6 +36,7 @@ def _outside_address() -> str | None:
 
 def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_path):
     import httpx
+    import psutil
 
     from components.core import tracking
     from components.core.config import TrackingConfig
@@ -61,8 +62,8 @@ def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_pa
         assert answer is not None and answer.status_code == 200, proc.poll()
         assert [r["info"]["run_name"] for r in answer.json()["runs"]] == ["ingest"]  # our store
         # No MLflow job runner beside it (its GenAI jobs are none of a bertflow project's).
-        started = [_command_lines().get(pid, "") for pid in _descendants(proc.pid)]
-        assert any("mlflow\0server" in line for line in started), started
+        started = [" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert any("mlflow server" in line for line in started), started
         assert not [line for line in started if "mlflow.server.jobs" in line], started
         outside = _outside_address()
         if outside:  # nothing answers on the machine's other interfaces
@@ -77,23 +78,6 @@ def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_pa
         httpx.get(url, timeout=5)
     # Nothing of what it started is left: the server ran in a process group of its own.
     assert not [pid for pid, line in _command_lines().items() if f"--port\0{port}\0" in line]
-
-
-def _descendants(pid: int) -> list[str]:
-    """The pids of every process below `pid` (children, theirs, ...), from /proc."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # "pid (name) state ppid ...": the name may hold spaces, the fields after it do not
-            parents[stat.parent.name] = stat.read_text().rpartition(")")[2].split()[1]
-        except OSError:  # it ended meanwhile
-            pass
-    found, todo = [], [str(pid)]
-    while todo:
-        parent = todo.pop()
-        children = [c for c, p in parents.items() if p == parent]
-        found += children
-        todo += children
-    return found
 
 
 def _command_lines() -> dict[str, str]:
