@@ -11,7 +11,8 @@ Usage:  python benchmarks/distill_variants.py --task trec-6 \\
             --variant base='{}' soft='{"alpha": 1.0}' t4='{"temperature": 4.0, "alpha": 0.9}' \\
             copies6='{"augment_copies": 6}' epochs6='{"epochs": 6}' minilm01='{"student_layers": [0, 1]}'
         [--params params-distill.yaml] [--project DIR]
-A variant is a JSON object of `distill` keys; `epochs` and `transfer_corpus` are the task's.
+A variant is a JSON object of `distill` keys; `epochs`, `transfer_corpus`, `transfer_pairs` and
+`pair_link` are the task's.
 Writes the "Distillation settings: TASK" section of benchmarks/RESULTS.md.
 """
 
@@ -35,7 +36,7 @@ from components.training.finetune import finetune_task, learning_rates  # noqa: 
 from components.training.student import student_encoder  # noqa: E402
 from components.training.transfer_set import build_transfer  # noqa: E402
 
-TASK_KEYS = ("epochs", "transfer_corpus")
+TASK_KEYS = ("epochs", "transfer_corpus", "transfer_pairs", "pair_link")
 
 
 def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -> dict:

@@ -162,6 +162,8 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     ({"split": [0.5, 0.1]}, "finetune.tasks.bbc-news.split: must be 3 fractions (train, valid, test)"),
     ({"transfer_corpus": "tweets"}, "finetune.tasks.bbc-news.transfer_corpus: 'tweets' is not an ingest "
                                     "source (sotu, news-articles)"),
+    ({"transfer_pairs": 100}, "finetune.tasks.bbc-news.transfer_pairs: is for pair tasks"),
+    ({"pair_link": "sport"}, "finetune.tasks.bbc-news.pair_link: needs transfer_pairs"),
 ])
 def test_a_bad_task_rate_or_window_overlap_is_named(tmp_path, setting, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -8,6 +8,7 @@ import itertools
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -28,7 +29,7 @@ from components.training.augment import augment
 from components.training.finetune import finetune_task
 from components.training.student import student_encoder
 from components.training.teacher import fit_teacher
-from components.training.transfer_set import build_transfer, corpus_rows
+from components.training.transfer_set import build_transfer, corpus_rows, new_pairs
 from tests.conftest import PACKAGES, section
 from tests.test_finetune import _user_files
 
@@ -111,6 +112,8 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
     task, task_dir = TASKS[name], project / "tasks" / name
     if task.kind in ("token", "span"):  # news sentences, labelled by the teacher, for the tagging tasks
         task = task.model_copy(update={"transfer_corpus": "news-articles"})
+    else:  # new pairs of the training texts
+        task = task.model_copy(update={"transfer_pairs": 10, "pair_link": read_meta(task_dir)["labels"][0]})
     cfg = _cfg(name, init=["pretrained", "distilled"])
     distill = _distill(str(tiny_encoder), augment_copies=1, corpus_rows=20)  # any checkpoint folder teaches
     teacher = fit_teacher(name, task, cfg, distill, True, project, project / "packages", task_dir,
@@ -121,11 +124,13 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
     stats = build_transfer(name, task, cfg, distill, True, task_dir, tiny_modern_encoder,
                            tmp_path / "teacher", tmp_path / "transfer", stages_dir / "clean")
     train, corpus = read_split(task_dir, "train").num_rows, 20 if task.transfer_corpus else 0
-    assert (stats["rows"], stats["augmented_rows"]) == (2 * train + corpus, train)
-    assert stats["corpus_rows"] == corpus
+    paired = task.transfer_pairs
+    assert (stats["rows"], stats["augmented_rows"]) == (2 * train + corpus + paired, train)
+    assert (stats["corpus_rows"], stats["paired_rows"]) == (corpus, paired)
     table = pq.read_table(tmp_path / "transfer" / TRANSFER_FILE)
-    assert table["gold"].to_pylist() == [True] * train + [False] * (train + corpus)
-    assert table["source"].to_pylist() == ["train"] * train + ["augmented"] * train + ["corpus"] * corpus
+    assert table["gold"].to_pylist() == [True] * train + [False] * (train + corpus + paired)
+    assert table["source"].to_pylist() == (["train"] * train + ["augmented"] * train + ["corpus"] * corpus
+                                           + ["paired"] * paired)
     _, targets = read_transfer(tmp_path / "transfer", name, task.kind, read_meta(task_dir))
     for t in targets:  # distributions: per row, per word or per span
         np.testing.assert_allclose(np.exp(t.astype(np.float64)).sum(-1), 1, atol=1e-4)
@@ -133,8 +138,33 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
     fits = finetune_task(name, task, cfg, task_dir, tiny_modern_encoder, tmp_path / "model",
                          distill=distill, transfer_dir=tmp_path / "transfer")
     assert set(fits["fits"]) == {"pretrained-s1", "distilled-s1"}
-    assert fits["transfer_examples"] >= 2 * train + corpus
+    assert fits["transfer_examples"] >= 2 * train + corpus + paired
     assert (tmp_path / "model" / "fits" / "distilled-s1.parquet").is_file()
+
+
+def test_new_pairs_join_training_texts_half_of_the_time_through_their_linked_gold_pairs():
+    # a-b-c linked by "same" pairs (a chain), d-e too, f by none.
+    train = pa.table({"text_a": ["a", "b", "d", "a"], "text_b": ["b", "c", "e", "f"],
+                      "label": ["same", "same", "same", "different"]})
+    group = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 2}
+    gold = set(zip(train["text_a"].to_pylist(), train["text_b"].to_pylist(), strict=True))
+
+    def drawn(link: str) -> list[tuple[str, str]]:
+        table = new_pairs(train, 400, link, ["different", "same"], seed=1)
+        assert table.schema == train.schema and table.num_rows == 400
+        return list(zip(table["text_a"].to_pylist(), table["text_b"].to_pylist(), strict=True))
+
+    linked, unlinked = drawn("same"), drawn("")
+    for pairs in (linked, unlinked):  # no text with itself, no gold pair again
+        assert not [p for p in pairs if p[0] == p[1] or p in gold]
+
+    def same_group(pairs: list) -> float:
+        return sum(group[a] == group[b] for a, b in pairs) / len(pairs)
+
+    assert same_group(linked) > same_group(unlinked) + 0.1  # the linked half, on top of chance
+    assert linked == drawn("same")  # seeded
+    with pytest.raises(DataError, match=r"pair_link 'equal' is not a label of the task \(different, same\)"):
+        new_pairs(train, 5, "equal", ["different", "same"], seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -273,12 +273,18 @@ class TaskConfig(Section):
                                                  "or each word's own best tag.", "valid")
     teacher_lr: Decay = doc("The `distilled` start's teacher's rate; 0 takes distill.teacher_lr_grid.", 0.0)
     transfer_corpus: str = doc("The `distilled` start: an ingest source the teacher also labels.", "")
+    transfer_pairs: Count = doc("Pair tasks, the `distilled` start: new pairs of training texts the "
+                                "teacher also labels.", 0)
+    pair_link: str = doc("transfer_pairs: the label whose gold pairs link texts (same type, paraphrase); "
+                         "half the partners are linked ones.", "")
 
     @checks
     def _rate(self) -> None:
         need(not (self.lr and self.lr_grid), "lr_grid", "set lr or lr_grid, not both")
         need(not self.transfer_corpus or self.kind != "pair", "transfer_corpus",
              "a corpus holds single texts and sentences, not pairs")
+        need(not self.transfer_pairs or self.kind == "pair", "transfer_pairs", "is for pair tasks")
+        need(not self.pair_link or self.transfer_pairs, "pair_link", "needs transfer_pairs")
 
 class FinetuneConfig(Section):
     """Stages `task_data@task` and `finetune@task`: each task from each init over several seeds."""

@@ -1,10 +1,10 @@
 """The transfer set of the `distilled` start, as `transfer_set@task` writes it and `finetune@task`
 reads it: `transfer.parquet`, the task's columns (train's schema) plus `source` (train;
 augmented, a training row with words the encoder's masked LM replaced; corpus, a text of the
-task's transfer_corpus), `gold` (the row's labels are its own; the others' stand in, unused)
-and `teacher`, the teacher's log-probabilities per row (C), per word (W, C) or per enumerated
-word span (S, 1 + labels); and `teacher.json`, whose teacher labelled it (task, kind, labels),
-checked against the task.
+task's transfer_corpus; paired, a new pair of training texts), `gold` (the row's labels are its
+own; the others' stand in, unused) and `teacher`, the teacher's log-probabilities per row (C),
+per word (W, C) or per enumerated word span (S, 1 + labels); and `teacher.json`, whose teacher
+labelled it (task, kind, labels), checked against the task.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def check_transfer(table: pa.Table, targets: list[np.ndarray], where: Path) -> N
         "max_mass": [float(m.max()) if m.size else 1.0 for m in mass]})
     frame["gold_is_train"] = frame["gold"] == (frame["source"] == "train")
     validation.validate(frame, "transfer_set", [
-        ("ExpectColumnValuesToBeInSet", {"column": "source", "value_set": ["train", "augmented", "corpus"]}),
+        ("ExpectColumnValuesToBeInSet", {"column": "source",
+                                         "value_set": ["train", "augmented", "corpus", "paired"]}),
         ("ExpectColumnValuesToBeInSet", {"column": "gold_is_train", "value_set": [True]}),
         ("ExpectColumnValuesToBeInSet", {"column": "finite", "value_set": [True]}),
         ("ExpectColumnValuesToBeBetween", {"column": "min_mass", "min_value": 0.999}),
