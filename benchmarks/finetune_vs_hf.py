@@ -45,8 +45,9 @@ HEADER = ("| task | bertflow test (minutes) | Trainer test (minutes) | lr: bertf
 def minilm_encoder(project: Path, packages: Path, work: Path) -> tuple[Path, Path]:
     """The checkpoint's own folder (transformers reads it) and the same weights as a bertflow
     encoder folder (what `finetune_task` starts from)."""
-    from components.model.checkpoint import import_checkpoint, source_dir
+    from components.model.checkpoint import import_checkpoint
     from components.model.metadata import EncoderInfo, read_checkpoint_info, write_info
+    from components.model.packaged import source_dir
 
     folder = work / "encoder"
     import_checkpoint(CHECKPOINT, project, packages, folder)

@@ -103,7 +103,7 @@ def code_deps(stage_name: str) -> list[str]:
 def source_deps(p: Params) -> dict[str, list[str]]:
     """The files and folders of yours a stage reads, as dvc.yaml lists them: ingest's sources,
     checkpoint's pretrain.init_from (a packaged corpus or checkpoint is pinned in the code)."""
-    from components.model.checkpoint import PACKAGED
+    from components.model.packaged import PACKAGED
 
     init_from = p.pretrain.init_from
     return {"ingest": [s.path for s in p.ingest.sources if s.kind != "package"],

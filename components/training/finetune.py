@@ -161,8 +161,10 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
         workers = worker_count(cfg.workers, len(cfg.init) * max(most, len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
         this_run: dict = {"workers": workers}
-        # What decides the fits' last bits, the threads of each worker among them.
-        stats["machine"] = {**cpu_facts(), "threads": threads_per_worker(workers)}
+        # What decides the fits' last bits: the threads each fit ran on (a worker's share, or
+        # this process's own when the fits run here).
+        threads = threads_per_worker(workers) if workers > 1 else torch.get_num_threads()
+        stats["machine"] = {**cpu_facts(), "threads": threads}
         chosen = {init: rates[init][0] for init in cfg.init}
         winners: dict[str, dict] = {}
         searched = [init for init in cfg.init if len(rates[init]) > 1]
