@@ -13,7 +13,7 @@ Usage:  python benchmarks/distill_variants.py --task trec-6 \\
         [--params params-distill.yaml] [--project DIR]
 A variant is a JSON object of `distill` keys; `epochs`, `transfer_corpus`, `transfer_pairs` and
 `pair_link` are the task's.
-Writes the "Distillation settings: TASK" section of benchmarks/RESULTS.md.
+Writes the "Distillation settings: TASK, student STUDENT" section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -83,8 +83,11 @@ def main() -> None:
                     f"{r['minutes']:.1f} |")
         print(rows[-1], flush=True)
     seeds = " ".join(map(str, p.finetune.seeds))
+    layers = p.distill.student_layers
+    student = (f"layers {', '.join(map(str, layers))} of {p.distill.teacher}" if layers
+               else "the pretrained encoder")
     write_section("\n".join([
-        f"## Distillation settings: {args.task}", "",
+        f"## Distillation settings: {args.task}, student {student}", "",
         f"Reproduce: `python benchmarks/distill_variants.py --task {args.task} --variant "
         + " ".join(f"{k}='{json.dumps(c)}'" for k, c in variants.items() if c is not None)
         + f"` after `bertflow run -p {args.params} --until teacher@{args.task}` (validation, "

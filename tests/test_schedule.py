@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from uuid import UUID
 
+import psutil
 import pytest
 
 from tests.conftest import BIN, make_dvc_project, small_params
@@ -29,33 +30,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name ([] if the process is gone)."""
+def _tree(pid: int) -> set[psutil.Process]:
+    """`pid` and every process below it; a psutil Process is its pid and start time, so a reused
+    pid is not it."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return []
+        top = psutil.Process(pid)
+        return {top, *top.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
 
 
-def _tree(pid: int) -> set[tuple[int, str]]:
-    """`pid` and every process below it, as (pid, start time), so that a reused pid is not it."""
-    children: dict[str, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        fields = _stat(int(stat.parent.name))
-        if fields:
-            children.setdefault(fields[1], []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        current = todo.pop()
-        if fields := _stat(current):
-            found.add((current, fields[19]))
-        todo += children.get(str(current), [])
-    return found
-
-
-def _alive(process: tuple[int, str]) -> bool:
-    fields = _stat(process[0])
-    return bool(fields) and fields[19] == process[1] and fields[0] != "Z"
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _wait_until_served(repo: Path, serving: subprocess.Popen, log: Path) -> None:
@@ -138,7 +127,7 @@ def test_a_served_cron_schedule_fires_on_the_projects_own_prefect_server(tmp_pat
     serving = subprocess.Popen(["bertflow", "serve", "--until", "ingest", "--port", str(port)],
                                cwd=repo, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                start_new_session=True)
-    started: set[tuple[int, str]] = set()
+    started: set[psutil.Process] = set()
     try:
         started |= _tree(serving.pid)
         _wait_until_served(repo, serving, log)
@@ -152,8 +141,8 @@ def test_a_served_cron_schedule_fires_on_the_projects_own_prefect_server(tmp_pat
         code = _stop(serving)
         time.sleep(1)
         leaked = [process for process in started if _alive(process)]
-        for pid, _ in leaked:  # serve should have stopped them; the test cleans up all the same
-            os.kill(pid, signal.SIGKILL)
+        for process in leaked:  # serve should have stopped them; the test cleans up all the same
+            process.kill()
     print(f"serve started, fired, ran and stopped in {time.monotonic() - start:.0f} s")
     output = log.read_text()
     assert not leaked, f"processes outlived `bertflow serve`: {leaked}\n{output[-3000:]}"
