@@ -8,8 +8,9 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
+from itertools import pairwise
 
+import psutil
 import pytest
 
 from tests.conftest import BIN, run_cli, section, small_params, write_params
@@ -36,7 +37,6 @@ def _outside_address() -> str | None:
 
 def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_path):
     import httpx
-    import psutil
 
     from components.core import tracking
     from components.core.config import TrackingConfig
@@ -77,18 +77,12 @@ def test_ui_serves_the_project_runs_on_loopback_and_stops_whole_on_ctrl_c(tmp_pa
     with pytest.raises(httpx.TransportError):  # the server and its workers are gone
         httpx.get(url, timeout=5)
     # Nothing of what it started is left: the server ran in a process group of its own.
-    assert not [pid for pid, line in _command_lines().items() if f"--port\0{port}\0" in line]
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if _serves_on(p.info["cmdline"] or [], port)]
 
 
-def _command_lines() -> dict[str, str]:
-    """Every process's command line, arguments separated by NUL (from /proc)."""
-    out = {}
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            out[cmdline.parent.name] = cmdline.read_bytes().decode(errors="replace")
-        except OSError:  # it ended meanwhile
-            pass
-    return out
+def _serves_on(cmdline: list[str], port: int) -> bool:
+    """Whether a command line has `--port PORT`."""
+    return any(a == "--port" and b == str(port) for a, b in pairwise(cmdline))
 
 
 def test_ui_on_a_taken_port_is_one_clear_error_and_a_failure(tmp_path):
