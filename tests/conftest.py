@@ -138,12 +138,32 @@ def assert_maps_are_attended_with(enc, text: str, maps) -> None:
 
 def run_cli(*args: str, cwd: Path, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run a console command of the venv (bertflow, dvc, git) in `cwd`, with `env` added."""
+    """Run a console command of the venv (bertflow, dvc, git) in `cwd`, with `env` added;
+    `bertflow` forked from a process that has imported its libraries (tests/forked_cli.py)."""
     env_vars = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})}
-    proc = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, env=env_vars)
+    if args[0] == "bertflow":
+        proc = _forked_bertflow(list(args), Path(cwd), env_vars)
+    else:
+        proc = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, env=env_vars)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@functools.cache
+def _fork_server():
+    from tests.forked_cli import Server
+
+    return Server(ROOT)
+
+
+def _forked_bertflow(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`bertflow ARGS` as subprocess.run(capture_output=True, text=True) gives it."""
+    with tempfile.TemporaryDirectory(prefix="bertflow-cli-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        code = _fork_server().run(args[1:], cwd.resolve(), env, out, err)
+        return subprocess.CompletedProcess(args, code, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -164,8 +184,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # The longest files, run first: with the suite spread over processes a file at a time (`make
 # test`), a long file started last would keep one process busy after the others are done.
-LONGEST_FIRST = ("test_lifecycle.py", "test_recovery.py", "test_pretrain.py", "test_pipeline.py",
-                 "test_modern.py", "test_rough_edges.py", "test_lock.py")
+LONGEST_FIRST = ("test_lifecycle.py", "test_pipeline.py", "test_recovery.py", "test_lock.py",
+                 "test_pretrain.py", "test_finetune.py", "test_distill.py", "test_rough_edges.py",
+                 "test_checkpoint.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -78,6 +78,9 @@ def test_a_run_registers_a_champion_per_task_that_answers_raw_text(project):
     import mlflow
     import pandas as pd
 
+    # The default block: ModernBERT's, exported as transformers' ModernBert.
+    encoder = json.loads((project / "data/models/encoder/config.json").read_text())
+    assert encoder["model_type"] == "modernbert"
     client = _client(project)
     for task in TASKS:
         champion = client.get_model_version_by_alias(task, "champion")

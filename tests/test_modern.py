@@ -12,7 +12,7 @@ import torch
 
 from components.model.build import build_model
 from components.model.config import BertConfig
-from tests.conftest import PACKAGES, assert_maps_are_attended_with, make_task_project, run_cli, section
+from tests.conftest import PACKAGES, assert_maps_are_attended_with, section
 
 CFG = BertConfig(vocab_size=120, hidden=32, layers=4, heads=2, intermediate=48, dropout=0.0, arch="modern",
                  local_window=8, global_every=3, layer_norm_eps=1e-5, max_position=256)
@@ -177,55 +177,6 @@ def test_a_modern_bert_checkpoint_is_continued(stages_dir, pairs_out, tmp_path):
                                                           after["model.layers.1.mlp.Wo.weight"])
     config = json.loads((tmp_path / "encoder" / "config.json").read_text())
     assert (config["model_type"], config["num_hidden_layers"]) == ("modernbert", 3)
-
-
-# Pairs and spans on a modern encoder: test_finetune's every-kind test; here, what the pipeline adds.
-TASKS = {
-    "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
-                "columns": {"text": "review", "label": "verdict"}},
-    "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
-}
-
-
-@pytest.mark.slow
-def test_a_modern_pipeline_runs_from_corpus_to_rest(tmp_path, prefect_api):
-    # ModernBERT's recipe in small: streamed documents that attend within themselves, no NSP,
-    # 30% masking; then two tasks from two starts, the registry, predict, REST and transformers.
-    import httpx
-    from transformers import pipeline
-
-    from tests.test_lifecycle import _stop, serve_champion
-
-    repo = make_task_project(tmp_path / "project", TASKS, model={"arch": "modern", "local_window": 16},
-                             pairs={"mode": "stream"},
-                             pretrain={"packed_attention": "within", "mlm_probability": 0.3},
-                             finetune={"init": ["pretrained", "adapted"]},
-                             adapt={"steps": 10, "batch_size": 4, "max_seq_len": 32})
-    run_cli("bertflow", "run", cwd=repo)
-    encoder = json.loads((repo / "data/models/encoder/config.json").read_text())
-    assert encoder["model_type"] == "modernbert"
-    fits = json.loads((repo / "metrics/tasks/ner/finetune_stats.json").read_text())["fits"]
-    assert set(fits) == {"pretrained-s1", "adapted-s1"}
-    # The tools that look inside the encoder read it too.
-    assert len(run_cli("bertflow", "fill-mask", "the film was [MASK] .", cwd=repo).stdout.split()) == 10
-    run_cli("bertflow", "embed", "--text", "a film", "--out", str(tmp_path / "e.npy"), cwd=repo)
-    run_cli("bertflow", "attention", "the film was long", "--out", str(tmp_path / "a.png"), cwd=repo)
-    assert (tmp_path / "a.png").exists() and (tmp_path / "e.npy").exists()
-    texts = ["the film number 11 was great", "the film number 12 was awful"]
-    offline = [json.loads(line) for line in run_cli("bertflow", "predict", "reviews", "--text", texts[0],
-                                                    "--text", texts[1], cwd=repo).stdout.splitlines()]
-    assert [o["label"] for o in offline] == ["pos", "neg"]
-    server, url = serve_champion(repo, "ner", tmp_path / "serve.log")
-    try:
-        words = "Smith visited London".split()
-        served = httpx.post(url, json={"dataframe_records": [{"tokens": words}]}, timeout=60)
-        assert served.status_code == 200 and len(served.json()["predictions"][0]["tags"]) == 3
-    finally:
-        _stop(server)
-    run_cli("bertflow", "export-hf", "reviews", str(tmp_path / "reviews"), cwd=repo)
-    theirs = pipeline("text-classification", model=str(tmp_path / "reviews"))(texts)
-    assert [t["label"] for t in theirs] == [o["label"] for o in offline]
-    assert [t["score"] for t in theirs] == pytest.approx([o["score"] for o in offline], abs=1e-4)
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 # One task: a second would run the same stage code again, and its kills would cost the suite
 # six more pipeline starts (each `bertflow run` imports Prefect, MLflow, DVC and torch anew).
 TASKS = {"ner": {"kind": "token", "source": "data/user/tasks/ner.conll"}}
+KILLS = 5  # stages killed besides pretraining, of the 13 a run has
 DONE = re.compile(r"stage (\S+): ran in ([\d.]+) s")
 
 
@@ -84,14 +85,17 @@ def test_every_stage_rerun_on_unchanged_inputs_writes_the_same_bytes(reference):
     assert json.loads(status) == {}, status
 
 
-def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(reference, tmp_path):
+def test_killed_in_any_stage_and_rerun_ends_exactly_like_a_straight_run(reference, tmp_path):
+    # Pretraining (its resume path) and KILLS other stages drawn by the seed, in pipeline order:
+    # a kill costs a whole `bertflow run` start, and across runs the seeds reach every stage.
     ref, seconds = reference
     seed = int(os.environ.get("BERTFLOW_KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
+    drawn = {"pretrain", *rng.sample([s for s in seconds if s != "pretrain"], KILLS)}
     repo = make_task_project(tmp_path / "project", TASKS, **POOL)
     checkpoints = repo / "data" / "models" / "pretrain-snapshots"
     killed, resumable = {}, False
-    for stage in seconds:
+    for stage in [s for s in seconds if s in drawn]:
         # The rerun first recovers whatever the previous kill left, then starts `stage`.
         ready = (lambda: list(checkpoints.glob("*/last.ckpt"))) if stage == "pretrain" else None
         # Pretraining: soon after its first checkpoint, before the export removes them.
@@ -99,7 +103,7 @@ def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(refere
         killed[stage] = kill_inside(repo, stage, share * seconds[stage], ready)
         resumable = resumable or (stage == "pretrain" and bool(ready()))
     where = f"(kill seed {seed}; killed: {killed})"
-    assert sum(killed.values()) >= len(killed) - 4, where  # fast stages (checkpoint) may end first
+    assert sum(killed.values()) >= len(killed) - 2, where  # fast stages (checkpoint) may end first
     assert killed["pretrain"], where
 
     run_cli("bertflow", "run", cwd=repo)
