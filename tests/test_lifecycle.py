@@ -396,13 +396,15 @@ def test_a_scheduled_run_triggered_through_a_prefect_server(project, prefect_api
     assert sum(1 for p in (project / ".dvc-storage").rglob("*") if p.is_file()) > pushed_before
 
 
-def test_fill_mask_and_attention_default_to_the_registered_encoder(project, tmp_path):
+def test_fill_mask_embed_and_attention_default_to_the_registered_encoder(project, tmp_path):
     cloze = "the president spoke about [MASK] ."
     registered = run_cli("bertflow", "fill-mask", cloze, cwd=project).stdout
     local = run_cli("bertflow", "fill-mask", cloze, "--model", "data/models/encoder", cwd=project).stdout
     assert registered == local and len(registered.split()) == 10
     run_cli("bertflow", "attention", "the president spoke", "--out", str(tmp_path / "a.png"), cwd=project)
     assert (tmp_path / "a.png").stat().st_size > 1000
+    run_cli("bertflow", "embed", "--text", "a film", "--out", str(tmp_path / "e.npy"), cwd=project)
+    assert (tmp_path / "e.npy").stat().st_size > 0
 
 
 def test_the_report_holds_every_stage_task_and_model_and_needs_no_network(project, tmp_path):
