@@ -83,13 +83,22 @@ def stage(
         run_stage(name, params, p=p)
 
 
+class SigtermExit(SystemExit):
+    """The exit a SIGTERM raises, wherever the main thread was."""
+
+
 @contextlib.contextmanager
 def _terminate_as_failure() -> Iterator[None]:
     """SIGTERM (a `kill`, a service manager, a scheduler's timeout) ends the stage as a failure:
     its MLflow run FAILED, its temp outputs removed, exit code 143. Without this the process
     died at once and its MLflow run stayed RUNNING for ever. Its worker processes go first, so
-    that nothing waits for their fits on the way out; the lock's watchdog stays to the end."""
+    that nothing waits for their fits on the way out; the lock's watchdog stays to the end.
+
+    The exit is raised wherever the main thread is, and Python swallows an exception raised in
+    a garbage-collector callback or a `__del__` (it prints "Exception ignored"): the stage
+    would train on. Such a swallowed exit sends the SIGTERM again, to land in ordinary code."""
     import signal
+    import threading
 
     import psutil
 
@@ -98,13 +107,23 @@ def _terminate_as_failure() -> Iterator[None]:
             with contextlib.suppress(psutil.Error):
                 if "pipeline.ops.watchdog" not in " ".join(child.cmdline()):
                     child.kill()
-        raise SystemExit(128 + signum)
+        raise SigtermExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    def swallowed(unraisable) -> None:
+        if isinstance(unraisable.exc_value, SigtermExit):  # later: one raised in here is lost too
+            resend = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
+            resend.daemon = True
+            resend.start()
+        else:
+            previous_hook(unraisable)
+
+    previous, previous_hook = signal.signal(signal.SIGTERM, terminated), sys.unraisablehook
+    sys.unraisablehook = swallowed
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
 
 
 registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: a champion per task.")

@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from components.core import tracking
 from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
@@ -167,6 +168,10 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
             raise
         finally:
             _STAGES.discard(proc)
+    p = load_params(params_path)
+    if proc.returncode != 0:  # its MLflow run is not left RUNNING, whatever ended it
+        tracking.fail_left_open(p.tracking, Path(params_path).parent, key,
+                                f"its process ended with exit {proc.returncode} without closing it")
     if _TERMINATED.is_set():
         raise Terminated(f"stage {name}: terminated by SIGTERM (exit {proc.returncode})")
     if proc.returncode != 0:
@@ -175,7 +180,6 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
         if message:  # a clear error from the stage: bad data or params, not worth a retry
             raise BertflowError(message)
         raise RuntimeError(f"stage {name} failed (exit {proc.returncode}):\n" + "\n".join(lines[-20:]))
-    p = load_params(params_path)
     return read_json(metrics_file(p, Path(params_path).parent, name))
 
 
@@ -236,8 +240,6 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
 def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     """The body of pipeline_flow, under the project lock."""
     from prefect.artifacts import create_markdown_artifact
-
-    from components.core import tracking
 
     logger = get_run_logger()
     path = Path(params_path).resolve()

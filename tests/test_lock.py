@@ -278,3 +278,57 @@ def test_a_sigterm_while_a_run_is_being_opened_ends_that_run_failed(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
     assert run.info.status == "FAILED" and run.data.tags["note"] == "read"
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def _tracked(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    """Run Python `body` in a process of its own, `cfg` and `root` naming tmp_path's store."""
+    from components.core.config import TrackingConfig
+
+    cfg = section(TrackingConfig, uri="sqlite:///mlflow.db").model_dump_json()
+    return subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "from components.core import tracking\n"
+        "from components.core.config import TrackingConfig\n"
+        "cfg, root = TrackingConfig.model_validate_json(sys.argv[3]), Path(sys.argv[2])\n" + body),
+        str(ROOT), str(tmp_path), cfg], capture_output=True, text=True, timeout=120)
+
+
+def _statuses(root: Path) -> dict[str, tuple[str, str | None]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
+    return {r.info.run_name: (r.info.status, r.data.tags.get("bertflow.error")) for r in runs}
+
+
+def test_a_sigterm_python_swallows_inside_a_destructor_still_ends_the_stage_failed(tmp_path):
+    # The exit is raised inside __del__, where Python swallows it and goes on: the signal is
+    # sent again, and the stage ends instead of training on for its minute.
+    done = _tracked(tmp_path, (
+        "from pipeline.cli import _terminate_as_failure\n"
+        "class SigtermWhenCollected:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(1)\n"
+        "with _terminate_as_failure(), tracking.mlflow_run(cfg, root, 'stage'):\n"
+        "    SigtermWhenCollected()\n"
+        "    time.sleep(60)\n"))
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert _statuses(tmp_path)["stage"] == ("FAILED", "SigtermExit: 143")
+
+
+def test_runs_a_killed_process_left_open_are_failed_by_their_key(tmp_path):
+    # What a flow does when a stage's process ends without closing its run (SIGKILL, OOM).
+    done = _tracked(tmp_path, (
+        "with tracking.mlflow_run(cfg, root, 'mine', key='k1'), "
+        "tracking.mlflow_run(cfg, root, 'other', key='k2'):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"))
+    assert done.returncode == -signal.SIGKILL
+    from components.core import tracking
+    from components.core.config import TrackingConfig
+
+    cfg = section(TrackingConfig, uri="sqlite:///mlflow.db")
+    assert len(tracking.fail_left_open(cfg, tmp_path, "k1", "its process ended")) == 1
+    assert _statuses(tmp_path) == {"mine": ("FAILED", "its process ended"), "other": ("RUNNING", None)}
+    assert tracking.fail_left_open(cfg, tmp_path, "k1", "again") == []  # closed runs stay as they are

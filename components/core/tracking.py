@@ -212,11 +212,38 @@ def mlflow_run(cfg: TrackingConfig, root: Path, name: str, *, parent_run_id: str
         yield handle
     except BaseException as e:
         if handle is not None:
-            handle.set_tags({ERROR_TAG: f"{type(e).__name__}: {e}"[:5000]})
-            c.set_terminated(handle.run_id, "FAILED")
+            _end_failed(c, handle.run_id, f"{type(e).__name__}: {e}")
         raise
     with _sigterm_held():
         c.set_terminated(handle.run_id, "FINISHED")
+
+
+def _end_failed(c, run_id: str, why: str, attempts: int = 3) -> None:
+    """Mark the run FAILED with why, SIGTERM held meanwhile. Another signal's handler may raise
+    inside (torch's SIGCHLD check, once a SIGTERM has killed its loader workers): that write is
+    tried again. Should all attempts fail, the process that started this one closes the run
+    (fail_left_open) or the next run does (close_dead_runs)."""
+    for attempt in range(attempts):
+        try:
+            with _sigterm_held():
+                c.set_tag(run_id, ERROR_TAG, redact(why)[:5000])
+                c.set_terminated(run_id, "FAILED")
+            return
+        except Exception:  # noqa: BLE001 - the run's own exception is the one to raise
+            if attempt == attempts - 1:
+                return
+
+
+def fail_left_open(cfg: TrackingConfig, root: Path, key: str, why: str) -> list[str]:
+    """Mark FAILED, with why, the runs of attempt `key` still RUNNING: a stage's process that
+    has ended without closing its run (SIGKILLed, killed for memory, or its own closing failed)
+    is closed by the process that started it. Returns their ids."""
+    c = client(cfg, root)
+    left = c.search_runs([experiment_id(cfg, root)],
+                         f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'RUNNING'")
+    for run in left:
+        _end_failed(c, run.info.run_id, why)
+    return [run.info.run_id for run in left]
 
 
 def _open_run(c, cfg: TrackingConfig, root: Path, name: str, parent_run_id: str | None,
