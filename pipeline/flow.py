@@ -170,8 +170,11 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
             _STAGES.discard(proc)
     p = load_params(params_path)
     if proc.returncode != 0:  # its MLflow run is not left RUNNING, whatever ended it
-        tracking.fail_left_open(p.tracking, Path(params_path).parent, key,
-                                f"its process ended with exit {proc.returncode} without closing it")
+        try:
+            tracking.fail_left_open(p.tracking, Path(params_path).parent, key,
+                                    f"its process ended with exit {proc.returncode} without closing it")
+        except Exception as e:  # noqa: BLE001 - the stage's own failure is the one to report
+            get_run_logger().warning("stage %s: its MLflow run could not be closed: %s", name, e)
     if _TERMINATED.is_set():
         raise Terminated(f"stage {name}: terminated by SIGTERM (exit {proc.returncode})")
     if proc.returncode != 0:
