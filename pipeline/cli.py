@@ -95,7 +95,7 @@ def _terminate_as_failure() -> Iterator[None]:
     that nothing waits for their fits on the way out; the lock's watchdog stays to the end.
 
     The exit is raised wherever the main thread is, and Python swallows an exception raised in
-    a garbage-collector callback or a `__del__` (it prints "Exception ignored"): the stage
+    a garbage-collector callback or a `__del__` (it hands it to sys.unraisablehook): the stage
     would train on. Such a swallowed exit sends the SIGTERM again, to land in ordinary code."""
     import signal
     import threading

@@ -223,15 +223,12 @@ def _end_failed(c, run_id: str, why: str, attempts: int = 3) -> None:
     inside (torch's SIGCHLD check, once a SIGTERM has killed its loader workers): that write is
     tried again. Should all attempts fail, the process that started this one closes the run
     (fail_left_open) or the next run does (close_dead_runs)."""
-    for attempt in range(attempts):
-        try:
+    for _ in range(attempts):
+        with contextlib.suppress(Exception):  # the run's own exception is the one to raise
             with _sigterm_held():
                 c.set_tag(run_id, ERROR_TAG, redact(why)[:5000])
                 c.set_terminated(run_id, "FAILED")
             return
-        except Exception:  # noqa: BLE001 - the run's own exception is the one to raise
-            if attempt == attempts - 1:
-                return
 
 
 def fail_left_open(cfg: TrackingConfig, root: Path, key: str, why: str) -> list[str]:
