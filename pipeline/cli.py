@@ -96,13 +96,18 @@ def _terminate_as_failure() -> Iterator[None]:
 
     The exit is raised wherever the main thread is, and Python swallows an exception raised in
     a garbage-collector callback or a `__del__` (it hands it to sys.unraisablehook): the stage
-    would train on. Such a swallowed exit sends the SIGTERM again, to land in ordinary code."""
+    would train on. Such a swallowed exit sends the SIGTERM again, to land in ordinary code.
+    Whatever else the way out raises (torch's check of the loader workers just killed, a broken
+    process pool), a terminated stage exits 143."""
     import signal
     import threading
 
     import psutil
 
+    received: list[int] = []
+
     def terminated(signum: int, frame) -> None:
+        received.append(signum)
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 if "pipeline.ops.watchdog" not in " ".join(child.cmdline()):
@@ -121,6 +126,11 @@ def _terminate_as_failure() -> Iterator[None]:
     sys.unraisablehook = swallowed
     try:
         yield
+    except Exception as e:
+        if not received:
+            raise
+        typer.echo(f"terminated by SIGTERM; on the way out: {type(e).__name__}: {e}", err=True)
+        raise SigtermExit(128 + received[0]) from e
     finally:
         signal.signal(signal.SIGTERM, previous)
         sys.unraisablehook = previous_hook

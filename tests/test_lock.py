@@ -318,6 +318,21 @@ def test_a_sigterm_python_swallows_inside_a_destructor_still_ends_the_stage_fail
     assert _statuses(tmp_path)["stage"] == ("FAILED", "SigtermExit: 143")
 
 
+def test_a_terminated_stage_exits_143_whatever_its_way_out_raises(tmp_path):
+    # As when the workers the SIGTERM killed make torch or a process pool raise on the way out.
+    done = _tracked(tmp_path, (
+        "from pipeline.cli import _terminate_as_failure\n"
+        "with _terminate_as_failure(), tracking.mlflow_run(cfg, root, 'stage'):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(60)\n"
+        "    finally:\n"
+        "        raise RuntimeError('a worker it killed')\n"))
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert "on the way out: RuntimeError: a worker it killed" in done.stderr
+    assert _statuses(tmp_path)["stage"] == ("FAILED", "RuntimeError: a worker it killed")
+
+
 def test_runs_a_killed_process_left_open_are_failed_by_their_key(tmp_path):
     # What a flow does when a stage's process ends without closing its run (SIGKILL, OOM).
     done = _tracked(tmp_path, (
