@@ -248,6 +248,13 @@ def test_a_command_started_while_the_watchdog_cleans_up_waits_instead_of_refusin
         assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _store():
+    """The tracking section with a sqlite store in the project folder."""
+    from components.core.config import TrackingConfig
+
+    return section(TrackingConfig, uri="sqlite:///mlflow.db")
+
+
 class _KillOnRead:
     """A tag value that sends this process SIGTERM when the run being opened reads it."""
 
@@ -260,7 +267,6 @@ def test_a_sigterm_while_a_run_is_being_opened_ends_that_run_failed(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from components.core import tracking
-    from components.core.config import TrackingConfig
 
     def terminated(signum, frame):  # what `bertflow stage` does on SIGTERM
         raise SystemExit(128 + signum)
@@ -268,8 +274,7 @@ def test_a_sigterm_while_a_run_is_being_opened_ends_that_run_failed(tmp_path):
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
         with pytest.raises(SystemExit) as ended:
-            with tracking.mlflow_run(section(TrackingConfig, uri="sqlite:///mlflow.db"), tmp_path, "stage",
-                                     tags={"note": _KillOnRead()}):
+            with tracking.mlflow_run(_store(), tmp_path, "stage", tags={"note": _KillOnRead()}):
                 pytest.fail("the body ran after a SIGTERM during the opening")
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -282,9 +287,7 @@ def test_a_sigterm_while_a_run_is_being_opened_ends_that_run_failed(tmp_path):
 
 def _tracked(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     """Run Python `body` in a process of its own, `cfg` and `root` naming tmp_path's store."""
-    from components.core.config import TrackingConfig
-
-    cfg = section(TrackingConfig, uri="sqlite:///mlflow.db").model_dump_json()
+    cfg = _store().model_dump_json()
     return subprocess.run([sys.executable, "-c", (
         "import os, signal, sys, time; sys.path.insert(0, sys.argv[1])\n"
         "from pathlib import Path\n"
@@ -341,9 +344,7 @@ def test_runs_a_killed_process_left_open_are_failed_by_their_key(tmp_path):
         "    os.kill(os.getpid(), signal.SIGKILL)\n"))
     assert done.returncode == -signal.SIGKILL
     from components.core import tracking
-    from components.core.config import TrackingConfig
 
-    cfg = section(TrackingConfig, uri="sqlite:///mlflow.db")
-    assert len(tracking.fail_left_open(cfg, tmp_path, "k1", "its process ended")) == 1
+    assert len(tracking.fail_left_open(_store(), tmp_path, "k1", "its process ended")) == 1
     assert _statuses(tmp_path) == {"mine": ("FAILED", "its process ended"), "other": ("RUNNING", None)}
-    assert tracking.fail_left_open(cfg, tmp_path, "k1", "again") == []  # closed runs stay as they are
+    assert tracking.fail_left_open(_store(), tmp_path, "k1", "again") == []  # closed runs stay as they are
