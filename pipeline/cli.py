@@ -40,6 +40,7 @@ def run(
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.tracking import check_store
     from pipeline.ops.prefect_server import check_configured_api
+    from pipeline.sharing import preset_shares
     from pipeline.stages import check_outputs_owned, plan
 
     if task and until:
@@ -48,6 +49,7 @@ def run(
     p = load_params(params)
     # refuse bad params, a bad stage, a moved store or no API before Prefect starts
     check_outputs_owned(p, params.resolve().parent, plan(p, until))
+    preset_shares(params, p, until)  # a preset writing over the default run's outputs
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     check_configured_api()
@@ -68,6 +70,7 @@ def stage(
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
     from pipeline.ops.lock import project_lock
+    from pipeline.sharing import preset_shares
     from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
@@ -75,6 +78,7 @@ def stage(
     p = load_params(params)
     # bad params, paths or folders that are not the stages' own: refused, nothing written
     check_outputs_owned(p, root, [name])
+    preset_shares(params, p, name)  # a preset writing over the default run's outputs
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params, p=p)

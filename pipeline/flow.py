@@ -24,7 +24,7 @@ from components.core import tracking
 from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
-from pipeline import deps, versioning
+from pipeline import deps, sharing, versioning
 from pipeline.ops.redaction import masks_errors
 from pipeline.stages import (
     PARENT_RUN_ENV,
@@ -96,10 +96,11 @@ def _retry_transient(task, task_run, state) -> bool:
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
 @masks_errors
 def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
-               known_fresh: bool = False) -> dict:
+               known_fresh: bool = False, copies: sharing.Copies = ()) -> dict:
     """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip.
     `known_fresh`: DVC found it up to date at the start of this run, and no stage has run since,
-    so DVC is not asked again."""
+    so DVC is not asked again. `copies`: a preset's stage that is the default run's, run here
+    with params.yaml, then copied to the preset's paths (pipeline.sharing)."""
     from prefect.runtime import task_run
 
     logger = get_run_logger()
@@ -110,17 +111,22 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
     if tracked and (known_fresh or not versioning.is_stale(root, name)):
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
-        return {"status": "skipped", "seconds": time.perf_counter() - start, "stats": stats}
-    logger.info("stage %s: running", name)
-    key = str(task_run.id)  # the same for every retry of this task run: one MLflow run
-    if split_name(name)[0].own_process:
-        stats = _run_in_own_process(name, params_path, parent_run_id, key)
+        status = "skipped"
     else:
-        stats = run_stage(name, Path(params_path), parent_run_id, key)
-    if tracked:
-        versioning.commit(root, name)
-    logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
-    return {"status": "ran", "seconds": time.perf_counter() - start, "stats": stats}
+        logger.info("stage %s: running", name)
+        key = str(task_run.id)  # the same for every retry of this task run: one MLflow run
+        if split_name(name)[0].own_process:
+            stats = _run_in_own_process(name, params_path, parent_run_id, key)
+        else:
+            stats = run_stage(name, Path(params_path), parent_run_id, key)
+        if tracked:
+            versioning.commit(root, name)
+        logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
+        status = "ran"
+    if copies:
+        sharing.copy_outputs(root, copies)
+        logger.info("stage %s: the default run's, copied to %s", name, ", ".join(dst for _, dst in copies))
+    return {"status": status, "seconds": time.perf_counter() - start, "stats": stats}
 
 
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
@@ -249,25 +255,36 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     root = path.parent
     p = load_params(path)
     tracked = versioning.tracks(path)
-    if tracked and versioning.recover_lock(root):
+    default = root / "params.yaml"
+    # A preset: another params file in a DVC project. Its stages that are the default run's are
+    # run or skipped as params.yaml's (pipeline.sharing), so it keeps dvc.lock's books too.
+    preset = sharing.is_preset(path)
+    if (tracked or preset) and versioning.recover_lock(root):
         logger.warning("dvc.lock: the last run was killed while recording a stage; restored the "
                        "dvc.lock from before it, so that stage runs again")
-    if tracked and versioning.recover_rwlock(root):
+    if (tracked or preset) and versioning.recover_rwlock(root):
         logger.warning("DVC's stage-lock table (.dvc/tmp/rwlock) was cut short by a killed run; "
                        "removed it (DVC starts a new one)")
-    if tracked and deps.write(path, root / "dvc.yaml"):  # a task or a source added or moved
+    if (tracked or preset) and deps.write(default, root / "dvc.yaml"):  # a task or a source added or moved
         logger.warning("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
                        "(commit it with dvc.lock)")
+    names = plan(p, until)
+    shared = sharing.preset_shares(path, p, until)
     if not tracked:
-        logger.warning("%s is not the params.yaml of a DVC project: running every stage without "
-                       "DVC bookkeeping (use `dvc exp run -S key=value` to try other values)", path)
+        logger.warning("%s is not the project's params.yaml: %d stages run outside DVC's books (use "
+                       "`dvc exp run -S key=value` to try other values)%s", path, len(names) - len(shared),
+                       f"; {len(shared)} are the default run's, run or skipped as params.yaml's: "
+                       f"{', '.join(shared)}" if shared else "")
     if dead := tracking.close_dead_runs(p.tracking, root):
         logger.warning("MLflow: marked %d runs of a killed earlier run KILLED (they were left RUNNING)",
                        len(dead))
-    names = plan(p, until)
     results: dict[str, dict] = {}
     # Up to date at the start: a stage still is until one runs (it may change their deps).
-    fresh_at_start = set(names) - versioning.stale_stages(root) if tracked else set()
+    fresh_at_start = set(names) - versioning.stale_stages(root) if tracked or shared else set()
+
+    def where(name: str) -> tuple[str, bool]:
+        """The params file a stage runs with, and whether DVC keeps its books."""
+        return (str(default), True) if name in shared else (str(path), tracked)
 
     def known_fresh(name: str) -> bool:
         return name in fresh_at_start and all(r["status"] != "ran" for r in results.values())
@@ -280,11 +297,13 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
             for group in stage_groups(names):
                 if len(group) == 1:
                     current = group[0]
-                    results[current] = stage_task(current, str(path), parent.run_id, tracked,
-                                                  known_fresh(current))
+                    params_file, books = where(current)
+                    results[current] = stage_task(current, params_file, parent.run_id, books,
+                                                  known_fresh(current), shared.get(current, []))
                     continue
-                futures = stage_task.map(group, unmapped(str(path)), unmapped(parent.run_id),
-                                         unmapped(tracked), [known_fresh(n) for n in group])
+                futures = stage_task.map(group, [where(n)[0] for n in group], unmapped(parent.run_id),
+                                         [where(n)[1] for n in group], [known_fresh(n) for n in group],
+                                         [shared.get(n, []) for n in group])
                 wait(futures)  # every task of the group ends before a failure is raised
                 outcome = dict(zip(group, futures, strict=True))
                 results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})

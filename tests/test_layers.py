@@ -68,7 +68,7 @@ def test_operations_stand_apart_from_the_flow():
     assert not wrong, "\n".join(wrong)
     rest = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.stem != "__init__")
     assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "publish", "reference",
-                    "stages", "versioning"], rest
+                    "sharing", "stages", "versioning"], rest
 
 
 def test_no_import_cycles():

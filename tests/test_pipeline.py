@@ -147,6 +147,47 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
                      "tokenizer": "skipped", "pairs": "ran"}
     assert _dvc_clean(repo)
 
+    # A preset takes the default run's stages that read what they read (their stats copied to
+    # its metrics), runs the rest outside dvc.lock, and may not write where the default writes.
+    lock = (repo / "dvc.lock").read_bytes()
+    preset = {"extends": "params.yaml", "tokenizer": {"vocab_size": 1500}}
+    (repo / "clash.yaml").write_text(yaml.safe_dump(preset))
+    proc = run_cli("bertflow", "run", "-p", "clash.yaml", "--until", "pairs", cwd=repo, check=False)
+    assert proc.returncode == 1 and "stage tokenizer would write data/tokenizer" in proc.stderr
+    assert "paths.tokenizer in clash.yaml" in proc.stderr
+    preset["paths"] = {"tokenizer": "data/preset/tokenizer", "pairs": "data/preset/pairs",
+                       "metrics": "metrics/preset"}
+    (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
+    proc = run_cli("bertflow", "run", "-p", "preset.yaml", "--until", "pairs", cwd=repo)
+    lines = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.split()[:1] and
+                 line.split()[0] in DATA_STAGES)
+    assert lines == {"ingest": "skipped", "clean": "skipped", "checkpoint": "skipped",
+                     "tokenizer": "ran", "pairs": "ran"}
+    for stage in ("ingest", "clean", "checkpoint"):
+        name = f"{stage}_stats.json"
+        assert (repo / "metrics" / "preset" / name).read_bytes() == (repo / "metrics" / name).read_bytes()
+    stats = json.loads((repo / "metrics" / "preset" / "tokenizer_stats.json").read_text())
+    assert stats["vocab_size"] == 1500 and (repo / "data" / "preset" / "pairs").is_dir()
+    assert (repo / "dvc.lock").read_bytes() == lock and _dvc_clean(repo)
+
+
+def test_each_preset_shares_the_default_runs_stages_it_reads_alike_and_writes_none_of_its_outputs():
+    from components.core.params import load_params
+    from pipeline.sharing import shared_stages
+    from pipeline.stages import plan
+    from tests.conftest import ROOT
+
+    default = load_params(ROOT / "params.yaml")
+    shared = {f.name: shared_stages(p, default, ROOT, plan(p), f.name)
+              for f in sorted(ROOT.glob("params-*.yaml")) for p in [load_params(f)]}
+    # The distillation preset pretrains nothing: the default run's encoder is copied to its models.
+    assert {"ingest", "clean", "tokenizer", "pairs", "pretrain"} <= set(shared["params-distill.yaml"])
+    assert ("data/models/encoder", "data/distill/models/encoder") in shared["params-distill.yaml"]["pretrain"]
+    assert "finetune@trec-6" not in shared["params-distill.yaml"]
+    # A preset of another tokenizer shares the corpus only.
+    assert not {"tokenizer", "pairs", "pretrain"} & set(shared["params-minilm.yaml"])
+    assert {"ingest", "clean"} <= set(shared["params-minilm.yaml"])
+
 
 @pytest.mark.slow
 def test_retries_transient_failures_but_not_bad_data(tmp_path, prefect_api, monkeypatch):
