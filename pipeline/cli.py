@@ -40,7 +40,7 @@ def run(
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.tracking import check_store
     from pipeline.ops.prefect_server import check_configured_api
-    from pipeline.sharing import preset_shares
+    from pipeline.presets import preset_shares
     from pipeline.stages import check_outputs_owned, plan
 
     if task and until:
@@ -70,7 +70,7 @@ def stage(
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
     from pipeline.ops.lock import project_lock
-    from pipeline.sharing import preset_shares
+    from pipeline.presets import preset_shares
     from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task

@@ -24,7 +24,7 @@ from components.core import tracking
 from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
-from pipeline import deps, sharing, versioning
+from pipeline import deps, presets, versioning
 from pipeline.ops.redaction import masks_errors
 from pipeline.stages import (
     PARENT_RUN_ENV,
@@ -96,11 +96,12 @@ def _retry_transient(task, task_run, state) -> bool:
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
 @masks_errors
 def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
-               known_fresh: bool = False, copies: sharing.Copies = ()) -> dict:
+               known_fresh: bool = False, copies: presets.Copies = (), preset_books: bool = False) -> dict:
     """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip.
     `known_fresh`: DVC found it up to date at the start of this run, and no stage has run since,
     so DVC is not asked again. `copies`: a preset's stage that is the default run's, run here
-    with params.yaml, then copied to the preset's paths (pipeline.sharing)."""
+    with params.yaml, then copied to the preset's paths. `preset_books`: a preset's own stage,
+    kept in its books instead of dvc.lock (pipeline.presets)."""
     from prefect.runtime import task_run
 
     logger = get_run_logger()
@@ -108,7 +109,9 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
     start = time.perf_counter()
     if _TERMINATED.is_set():  # the next stage of a group, after a SIGTERM
         raise Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
-    if tracked and (known_fresh or not versioning.is_stale(root, name)):
+    p = load_params(params_path) if preset_books else None
+    if tracked and (known_fresh or not versioning.is_stale(root, name)) or (
+            preset_books and presets.up_to_date(root, Path(params_path), name, p)):
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
         status = "skipped"
@@ -121,10 +124,12 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
             stats = run_stage(name, Path(params_path), parent_run_id, key)
         if tracked:
             versioning.commit(root, name)
+        elif preset_books:
+            presets.record(root, Path(params_path), name, p)
         logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
         status = "ran"
     if copies:
-        sharing.copy_outputs(root, copies)
+        presets.copy_outputs(root, copies)
         logger.info("stage %s: the default run's, copied to %s", name, ", ".join(dst for _, dst in copies))
     return {"status": status, "seconds": time.perf_counter() - start, "stats": stats}
 
@@ -257,8 +262,9 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     tracked = versioning.tracks(path)
     default = root / "params.yaml"
     # A preset: another params file in a DVC project. Its stages that are the default run's are
-    # run or skipped as params.yaml's (pipeline.sharing), so it keeps dvc.lock's books too.
-    preset = sharing.is_preset(path)
+    # run or skipped as params.yaml's, so dvc.lock's books are kept too; the rest are kept in
+    # the preset's own (pipeline.presets).
+    preset = presets.is_preset(path)
     if (tracked or preset) and versioning.recover_lock(root):
         logger.warning("dvc.lock: the last run was killed while recording a stage; restored the "
                        "dvc.lock from before it, so that stage runs again")
@@ -269,10 +275,11 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
         logger.warning("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
                        "(commit it with dvc.lock)")
     names = plan(p, until)
-    shared = sharing.preset_shares(path, p, until)
+    shared = presets.preset_shares(path, p, until)
     if not tracked:
-        logger.warning("%s is not the project's params.yaml: %d stages run outside DVC's books (use "
+        logger.warning("%s is not the project's params.yaml: %d stages run outside DVC's books%s (use "
                        "`dvc exp run -S key=value` to try other values)%s", path, len(names) - len(shared),
+                       ", in the preset's own" if preset else "",
                        f"; {len(shared)} are the default run's, run or skipped as params.yaml's: "
                        f"{', '.join(shared)}" if shared else "")
     if dead := tracking.close_dead_runs(p.tracking, root):
@@ -282,9 +289,9 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     # Up to date at the start: a stage still is until one runs (it may change their deps).
     fresh_at_start = set(names) - versioning.stale_stages(root) if tracked or shared else set()
 
-    def where(name: str) -> tuple[str, bool]:
-        """The params file a stage runs with, and whether DVC keeps its books."""
-        return (str(default), True) if name in shared else (str(path), tracked)
+    def where(name: str) -> tuple[str, bool, bool]:
+        """The params file a stage runs with; whether DVC keeps its books, or the preset's own."""
+        return (str(default), True, False) if name in shared else (str(path), tracked, preset)
 
     def known_fresh(name: str) -> bool:
         return name in fresh_at_start and all(r["status"] != "ran" for r in results.values())
@@ -297,13 +304,13 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
             for group in stage_groups(names):
                 if len(group) == 1:
                     current = group[0]
-                    params_file, books = where(current)
+                    params_file, books, own_books = where(current)
                     results[current] = stage_task(current, params_file, parent.run_id, books,
-                                                  known_fresh(current), shared.get(current, []))
+                                                  known_fresh(current), shared.get(current, []), own_books)
                     continue
                 futures = stage_task.map(group, [where(n)[0] for n in group], unmapped(parent.run_id),
                                          [where(n)[1] for n in group], [known_fresh(n) for n in group],
-                                         [shared.get(n, []) for n in group])
+                                         [shared.get(n, []) for n in group], [where(n)[2] for n in group])
                 wait(futures)  # every task of the group ends before a failure is raised
                 outcome = dict(zip(group, futures, strict=True))
                 results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})

@@ -316,7 +316,7 @@ def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None
         tracking.close_dead_runs(p.tracking, root)
     tags = {"bertflow.stage": name, "bertflow.status": status,
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
-    if versioning.is_dvc_project(root):
+    if versioning.tracks(params_path):  # a preset's stage has no dvc.lock entry
         tags.update(versioning.recorded_dep_hashes(root, name) if status == "skipped"
                     else versioning.dep_hashes(root, name))
     run = tracking.mlflow_run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)

@@ -67,8 +67,8 @@ def test_operations_stand_apart_from_the_flow():
              for i in deps.imports_of(m) if i.startswith("pipeline") and not i.startswith("pipeline.ops")]
     assert not wrong, "\n".join(wrong)
     rest = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.stem != "__init__")
-    assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "publish", "reference",
-                    "sharing", "stages", "versioning"], rest
+    assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "presets", "publish",
+                    "reference", "stages", "versioning"], rest
 
 
 def test_no_import_cycles():

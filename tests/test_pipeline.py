@@ -74,6 +74,39 @@ def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_api)
 
     _check_mlflow(repo)
     _check_prefect_artifact()
+    _check_a_preset(repo)
+
+
+def _check_a_preset(repo) -> None:
+    """A preset takes the default run's stages that read what they read (their stats copied to
+    its metrics), keeps the rest in its own books, and may not write where the default writes."""
+    from components.core.errors import ConfigError
+    from components.core.params import load_params
+    from pipeline.flow import pipeline_flow
+    from pipeline.presets import preset_shares
+
+    lock = (repo / "dvc.lock").read_bytes()
+    preset = {"extends": "params.yaml", "tokenizer": {"vocab_size": 1800}}
+    (repo / "clash.yaml").write_text(yaml.safe_dump(preset))
+    with pytest.raises(ConfigError, match=r"clash.yaml: stage tokenizer would write data/tokenizer, .* "
+                                          r"\(paths.tokenizer in clash.yaml\)"):
+        preset_shares(repo / "clash.yaml", load_params(repo / "clash.yaml"), "pairs")
+    preset["paths"] = {"tokenizer": "data/preset/tokenizer", "pairs": "data/preset/pairs",
+                       "metrics": "metrics/preset"}
+    (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
+    assert _statuses(pipeline_flow(str(repo / "preset.yaml"), "pairs")) == {
+        "ingest": "skipped", "clean": "skipped", "checkpoint": "skipped", "tokenizer": "ran", "pairs": "ran"}
+    for stage in ("ingest", "clean", "checkpoint"):
+        name = f"{stage}_stats.json"
+        assert (repo / "metrics" / "preset" / name).read_bytes() == (repo / "metrics" / name).read_bytes()
+    stats = json.loads((repo / "metrics" / "preset" / "tokenizer_stats.json").read_text())
+    assert stats["vocab_size"] == 1800 and (repo / "data" / "preset" / "pairs").is_dir()
+    assert (repo / "dvc.lock").read_bytes() == lock and _dvc_clean(repo)
+    # In its books: what it ran before is skipped, what an edit touches reruns.
+    preset["pairs"] = {"seed": 8}
+    (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
+    assert _statuses(pipeline_flow(str(repo / "preset.yaml"), "pairs")) == {
+        **dict.fromkeys(DATA_STAGES, "skipped"), "pairs": "ran"}
 
 
 def _killed_while_recording(repo, stage: str) -> None:
@@ -147,33 +180,10 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
                      "tokenizer": "skipped", "pairs": "ran"}
     assert _dvc_clean(repo)
 
-    # A preset takes the default run's stages that read what they read (their stats copied to
-    # its metrics), runs the rest outside dvc.lock, and may not write where the default writes.
-    lock = (repo / "dvc.lock").read_bytes()
-    preset = {"extends": "params.yaml", "tokenizer": {"vocab_size": 1500}}
-    (repo / "clash.yaml").write_text(yaml.safe_dump(preset))
-    proc = run_cli("bertflow", "run", "-p", "clash.yaml", "--until", "pairs", cwd=repo, check=False)
-    assert proc.returncode == 1 and "stage tokenizer would write data/tokenizer" in proc.stderr
-    assert "paths.tokenizer in clash.yaml" in proc.stderr
-    preset["paths"] = {"tokenizer": "data/preset/tokenizer", "pairs": "data/preset/pairs",
-                       "metrics": "metrics/preset"}
-    (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
-    proc = run_cli("bertflow", "run", "-p", "preset.yaml", "--until", "pairs", cwd=repo)
-    lines = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.split()[:1] and
-                 line.split()[0] in DATA_STAGES)
-    assert lines == {"ingest": "skipped", "clean": "skipped", "checkpoint": "skipped",
-                     "tokenizer": "ran", "pairs": "ran"}
-    for stage in ("ingest", "clean", "checkpoint"):
-        name = f"{stage}_stats.json"
-        assert (repo / "metrics" / "preset" / name).read_bytes() == (repo / "metrics" / name).read_bytes()
-    stats = json.loads((repo / "metrics" / "preset" / "tokenizer_stats.json").read_text())
-    assert stats["vocab_size"] == 1500 and (repo / "data" / "preset" / "pairs").is_dir()
-    assert (repo / "dvc.lock").read_bytes() == lock and _dvc_clean(repo)
-
 
 def test_each_preset_shares_the_default_runs_stages_it_reads_alike_and_writes_none_of_its_outputs():
     from components.core.params import load_params
-    from pipeline.sharing import shared_stages
+    from pipeline.presets import shared_stages
     from pipeline.stages import plan
     from tests.conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""What a preset run takes from the default run instead of computing it again.
+"""How a preset runs: what it takes from the default run, and the books of the rest.
 
 A preset (`bertflow run -p params-distill.yaml`) is a params file beside the project's
 params.yaml; DVC keeps the books of params.yaml's run only. One of the preset's stages *is* the
@@ -6,13 +6,18 @@ default run's when it reads the same values of every params key dvc.yaml lists f
 inputs are the default run's: the same paths, or outputs of stages that are shared in turn.
 Such a stage runs, or is skipped, exactly as in `bertflow run` (DVC decides, dvc.lock records
 it), and where the preset puts its outputs elsewhere (its own `paths.models`) they are copied
-there. Every other stage of the preset runs outside dvc.lock, and is refused before anything
-runs if it would write where a stage of the default run writes: it would replace what dvc.lock
-records with something else.
+there. Every other stage of the preset is refused before anything runs if it would write where
+a stage of the default run writes (it would replace what dvc.lock records with something else),
+and is kept in the preset's own books, a lock of the same kind as dvc.lock: the values of its
+params keys and the sha256 of its deps (code included) and outputs, after each run. A stage
+whose record matches is skipped, so a preset run that was stopped goes on where it stopped.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -23,7 +28,7 @@ import yaml
 from components.core.config import Params
 from components.core.errors import ConfigError
 from components.core.guard import OWNED
-from components.core.io import atomic_dir, atomic_file
+from components.core.io import atomic_dir, atomic_file, write_json
 from components.core.params import load_params
 from pipeline import versioning
 from pipeline.stages import lookup, plan, split_name, stage_params
@@ -140,3 +145,60 @@ def copy_outputs(root: Path, copies: Copies) -> None:
         else:
             raise ConfigError(f"{src}: the default run's output is missing, so it cannot be copied "
                               f"to {dst}; `dvc checkout` restores what dvc.lock records")
+
+
+def _lock(root: Path, params_path: Path) -> Path:
+    """The preset's books: DVC's temp folder (git-ignored), one file per params file."""
+    return root / ".dvc" / "tmp" / "presets" / f"{Path(params_path).name}.lock.json"
+
+
+def _recorded(root: Path, params_path: Path) -> dict[str, dict]:
+    lock = _lock(root, params_path)
+    try:
+        return json.loads(lock.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):  # none yet, or cut short: every stage runs
+        return {}
+
+
+def _entry(root: Path, name: str, p: Params) -> dict:
+    """What decides a stage's outputs, and what they are: its params values, the digests of
+    its deps and of its outputs ('' for one missing)."""
+    deps, outs = stage_paths(yaml.safe_load((root / "dvc.yaml").read_text()), name, p)
+    values = p.model_dump(mode="json")
+    stage, task = split_name(name)
+    return {"params": {k: lookup(values, k) for k in stage_params(stage, task)},
+            "deps": {d: _digest(root / d) for d in deps}, "outs": {o: _digest(root / o) for o, _ in outs}}
+
+
+def up_to_date(root: Path, params_path: Path, name: str, p: Params) -> bool:
+    """Whether the preset's books hold this stage with the same params, deps and outputs."""
+    recorded = _recorded(root, params_path).get(name)
+    return recorded is not None and all(recorded["outs"].values()) and recorded == _entry(root, name, p)
+
+
+def record(root: Path, params_path: Path, name: str, p: Params) -> None:
+    """Enter a stage that just ran into the preset's books (under the project lock: one writer)."""
+    books = _recorded(root, params_path)
+    books[name] = _entry(root, name, p)
+    write_json(_lock(root, params_path), books)
+
+
+def _digest(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (names and digests, sorted); '' if missing."""
+    if path.is_file():
+        stat = path.stat()
+        return _file_digest(path.resolve(), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    if not path.is_dir():
+        return ""
+    h = hashlib.sha256()
+    for file in sorted(f for f in path.rglob("*") if f.is_file()):
+        h.update(f"{file.relative_to(path).as_posix()}\0{_digest(file)}\n".encode())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=65536)
+def _file_digest(path: Path, mtime_ns: int, size: int, inode: int) -> str:
+    """A file's sha256, read once per version of it in this process (the corpus is a dep of
+    several stages)."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
