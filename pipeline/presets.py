@@ -15,8 +15,6 @@ whose record matches is skipped, so a preset run that was stopped goes on where 
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import re
@@ -26,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from components.core.config import Params
+from components.core.digests import digest
 from components.core.errors import ConfigError
 from components.core.guard import OWNED
 from components.core.io import atomic_dir, atomic_file, write_json
@@ -167,7 +166,7 @@ def _entry(root: Path, name: str, p: Params) -> dict:
     values = p.model_dump(mode="json")
     stage, task = split_name(name)
     return {"params": {k: lookup(values, k) for k in stage_params(stage, task)},
-            "deps": {d: _digest(root / d) for d in deps}, "outs": {o: _digest(root / o) for o, _ in outs}}
+            "deps": {d: digest(root / d) for d in deps}, "outs": {o: digest(root / o) for o, _ in outs}}
 
 
 def up_to_date(root: Path, params_path: Path, name: str, p: Params) -> bool:
@@ -181,24 +180,3 @@ def record(root: Path, params_path: Path, name: str, p: Params) -> None:
     books = _recorded(root, params_path)
     books[name] = _entry(root, name, p)
     write_json(_lock(root, params_path), books)
-
-
-def _digest(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (names and digests, sorted); '' if missing."""
-    if path.is_file():
-        stat = path.stat()
-        return _file_digest(path.resolve(), stat.st_mtime_ns, stat.st_size, stat.st_ino)
-    if not path.is_dir():
-        return ""
-    h = hashlib.sha256()
-    for file in sorted(f for f in path.rglob("*") if f.is_file()):
-        h.update(f"{file.relative_to(path).as_posix()}\0{_digest(file)}\n".encode())
-    return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=65536)
-def _file_digest(path: Path, mtime_ns: int, size: int, inode: int) -> str:
-    """A file's sha256, read once per version of it in this process (the corpus is a dep of
-    several stages)."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

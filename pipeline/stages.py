@@ -154,19 +154,35 @@ def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
         stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
                               root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
                               root / p.paths.models / "adapted" / task, p.distill,
-                              root / p.paths.models / "transfer-set" / task, student)
+                              root / p.paths.models / "transfer-set" / task, student,
+                              reuse_from=_default_run_fits(p, root, task))
     if run is not None:
         run.log_artifact(out / "model", "model")
         _log_search(p, root, run, task, stats)
     return stats
 
 
+def _default_run_fits(p: Params, root: Path, task: str) -> list[Path]:
+    """For a run of another params file than the project's params.yaml (a preset): the default
+    run's folder of the task's fits, from which it takes every fit it would train alike (their
+    keys say so: training/finetune.py)."""
+    default = root / "params.yaml"
+    if not default.is_file():
+        return []
+    models = load_params(default).paths.models
+    return [root / models / "tasks" / task] if models != p.paths.models else []
+
+
 def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -> None:
     """Each trial of the learning-rate search as a child run of the stage's MLflow run (a
-    retry of the stage reopens the same children)."""
+    retry of the stage reopens the same children); an init whose fits were taken from another
+    run has its trials there."""
     from components.core.tracking import mlflow_run
 
+    taken = stats["this_run"].get("taken", "").split(",")
     for init, search in stats.get("search", {}).items():
+        if init in taken:
+            continue
         for lr, trial in search["trials"].items():
             with mlflow_run(p.tracking, root, f"finetune@{task} {init} lr={lr}", parent_run_id=run.run_id,
                             key=f"{run.run_id}/{init}/{lr}") as child:

@@ -277,6 +277,39 @@ def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_
     assert tree(tmp_path / "spread") == tree(tmp_path / "alone")  # the exported model and predictions
 
 
+def test_an_inits_fits_with_the_same_key_are_taken_from_another_run_not_trained(tiny_encoder, tmp_path):
+    # A preset fits the default run's starts once: the fits of an init whose key (code, start,
+    # data, settings) matches another run's are copied from there, the rest trained.
+    from components.core.config import FinetuneConfig, TaskConfig
+    from components.data.tasks.prepare import prepare_task
+    from components.training.finetune import finetune_task
+
+    _user_files(tmp_path / "user")
+    task = TaskConfig(kind="classification", source="user/reviews.csv",
+                      columns={"text": "review", "label": "verdict"})
+    prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
+    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained"], lr=3e-3,
+                  lr_grid=[3e-3, 1e-3], epochs=1, batch_size=16, workers=1)
+    default = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "default")
+    more = cfg.model_copy(update={"init": ["scratch", "pretrained"], "onnx": not cfg.onnx})
+    preset = finetune_task("reviews", task, more, tmp_path / "task", tiny_encoder, tmp_path / "preset",
+                           reuse_from=[tmp_path / "default"])
+    assert preset["this_run"]["taken"] == "pretrained"
+    assert not any(k.startswith(("pretrained", "search.pretrained")) for k in preset["this_run"])
+    assert {k: v for k, v in preset["fits"].items() if k.startswith("pretrained")} == default["fits"]
+    assert preset["search"]["pretrained"] == default["search"]["pretrained"]
+    for name in ("pretrained-s1.json", "pretrained-s2.parquet", "pretrained-search.json"):
+        assert (tmp_path / "preset" / "fits" / name).read_bytes() == \
+            (tmp_path / "default" / "fits" / name).read_bytes()
+    # The exported first init is always trained; a setting that reaches the fits (here their
+    # rates: no search) trains them again.
+    assert "scratch-s1.minutes" in preset["this_run"]
+    one_rate = more.model_copy(update={"seeds": [1], "lr_grid": []})
+    other = finetune_task("reviews", task, one_rate, tmp_path / "task", tiny_encoder, tmp_path / "other",
+                          reuse_from=[tmp_path / "default"])
+    assert "taken" not in other["this_run"] and "pretrained-s1.minutes" in other["this_run"]
+
+
 def _user_files(folder):
     """A keyword-sentiment CSV, a JSONL pair file, a CoNLL file of entities and one of plain
     tags (parts of speech), small and learnable."""

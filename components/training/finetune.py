@@ -11,15 +11,24 @@ is that init's first fit (no test prediction is made for a losing trial). Each f
 test predictions to `fits/`; `evaluate@task` scores them. The first init's first seed is
 exported as the task's model (model.metadata.TaskModelInfo). `probe_fits` trains the same fits
 on a sample, scored on validation only, for the transfer probe (training/probe.py).
+
+Each fit records its init's key: the digest of everything that decides it but the seed (the
+code, the start's weights and tokenizer, the task data, the settings that reach a fit). The
+fits of an init (but the exported first) whose every seed lies in another run's task folder
+under the same key are taken from there instead of trained: a preset fits the default run's
+starts once (`reuse_from`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +38,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
+from components.core.digests import digest
 from components.core.errors import ConfigError, DataError
-from components.core.io import atomic_dir, write_json
+from components.core.io import atomic_dir, read_json, write_json
 from components.core.machine import cpu_facts
 from components.core.progress import bar
 from components.data.tasks.folder import read_meta, read_split
@@ -79,6 +89,7 @@ class TaskFits:
     test_gold: pa.Table | None  # the ONNX int8 check's (finetune.onnx); None in the probe
     epochs: int  # the task's, else finetune's
     distill: tuple[float, float] | None = None  # the `distilled` start's (temperature, alpha)
+    keys: dict[str, str] | None = None  # by init (fit_key); None in the probe
 
 
 @dataclass(frozen=True)
@@ -112,12 +123,14 @@ def teacher_rates(task: TaskConfig, distill: DistillConfig) -> list[float]:
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
                   encoder_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None,
                   adapted_dir: Path | None = None, distill: DistillConfig | None = None,
-                  transfer_dir: Path | None = None, student_dir: Path | None = None) -> dict:
+                  transfer_dir: Path | None = None, student_dir: Path | None = None,
+                  reuse_from: list[Path] = ()) -> dict:
     """Every fit of one task (each init of `cfg.init`, each seed): test predictions and
     validation curves per fit, and the exported first fit of the first init. The `distilled`
     start trains its student on the transfer set in `transfer_dir`, with `distill`'s temperature
     and mix: the pretrained encoder, or the cut of the teacher's checkpoint in `student_dir`
-    (training/student.py), which has its own tokenizer and trains at the teacher's rates."""
+    (training/student.py), which has its own tokenizer and trains at the teacher's rates.
+    An init's fits found under its key in a task folder of `reuse_from` are copied, not trained."""
     meta, encoder, tokenizer = _open(name, task, task_dir, encoder_dir)
     if "checkpoint" in cfg.init:
         _check_same_shape(checkpoint_dir, encoder.config, encoder_dir)
@@ -152,11 +165,14 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
                    **({"transfer_examples": len(starts["distilled"].encoded["transfer"])} if soft else {}),
                    "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                if k in encoder.stats}}
+    keys = {init: fit_key(init, starts[init], rates[init], task, cfg, epochs, task_dir, transfer_dir, soft)
+            for init in cfg.init}
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
+        taken = _take_fits(keys, cfg, reuse_from, tmp / "fits")
         shared = TaskFits(name, task, cfg, meta["labels"], meta.get("scheme", ""),
                           {init: starts[init] for init in cfg.init}, tmp, splits["valid"], splits["test"],
-                          epochs, soft)
+                          epochs, soft, keys)
         most = max(len(r) for r in rates.values())
         workers = worker_count(cfg.workers, len(cfg.init) * max(most, len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
@@ -167,27 +183,98 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
         stats["machine"] = {**cpu_facts(), "threads": threads}
         chosen = {init: rates[init][0] for init in cfg.init}
         winners: dict[str, dict] = {}
-        searched = [init for init in cfg.init if len(rates[init]) > 1]
+        searched = [init for init in cfg.init if len(rates[init]) > 1 and init not in taken]
         if searched:
             trials = _run(shared, [Job(init, cfg.seeds[0], lr, trial=True)
                                    for init in searched for lr in rates[init]], workers, f"lr search {name}")
-            stats["search"] = {}
             for init in searched:
                 mine = [t for t in trials if t["init"] == init]
                 winners[init] = max(mine, key=lambda t: t["best_val_metric"])  # the first on a tie
                 chosen[init] = winners[init]["lr"]
-                stats["search"][init] = {"lr": chosen[init], "trials": {
+                stats.setdefault("search", {})[init] = {"lr": chosen[init], "trials": {
                     f"{t['lr']:g}": {k: t[k] for k in ("steps", "best_val_metric")} for t in mine}}
+                write_json(tmp / "fits" / f"{init}-search.json", stats["search"][init])  # taken with the fits
                 this_run.update({f"search.{init}.{t['lr']:g}.minutes": t["minutes"] for t in mine})
+        for init, search in taken.items():
+            if search is not None:
+                stats.setdefault("search", {})[init] = search
+        if taken:
+            this_run["taken"] = ",".join(taken)  # MLflow only: the fits are the same either way
         jobs = [Job(init, seed, chosen[init], trained=winners.get(init) if seed == cfg.seeds[0] else None)
-                for init in cfg.init for seed in cfg.seeds]
-        for summary in _run(shared, jobs, workers, f"finetune {name}"):
-            fit_name = f"{summary['init']}-s{summary['seed']}"
-            stats["fits"][fit_name] = {k: summary[k] for k in ("steps", "best_val_metric", "lr")}
-            this_run[f"{fit_name}.minutes"] = summary["minutes"]
+                for init in cfg.init if init not in taken for seed in cfg.seeds]
+        trained = _run(shared, jobs, workers, f"finetune {name}")
+        this_run.update({f"{s['init']}-s{s['seed']}.minutes": s["minutes"] for s in trained})
+        given = [read_json(tmp / "fits" / f"{init}-s{seed}.json") for init in taken for seed in cfg.seeds]
+        for summary in [*given, *trained]:
+            stats["fits"][f"{summary['init']}-s{summary['seed']}"] = {
+                k: summary[k] for k in ("steps", "best_val_metric", "lr")}
         stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
+
+
+# Settings that reach no fit of an init, or reach it only through what its key digests anyway:
+# the list of inits, the other tasks, the seeds (each fit's own), the export, the worker count
+# (fits in workers are those of one process), and the teacher's settings (its transfer set and
+# its rates are in the key).
+_NOT_IN_KEY = {"init", "tasks", "seeds", "onnx", "workers"}
+_TASK_NOT_IN_KEY = {"teacher_lr", "transfer_corpus", "transfer_pairs", "pair_link"}
+
+
+def fit_key(init: str, start: Start, rates: list[float], task: TaskConfig, cfg: FinetuneConfig, epochs: int,
+            task_dir: Path, transfer_dir: Path | None, soft: tuple[float, float] | None) -> str:
+    """The digest of everything that decides the fits of `init` but the seed (the transfer set
+    and the mix only the `distilled` start's)."""
+    distilled = init == "distilled"
+    facts = {"init": init, "code": _code_digest(), "config": asdict(start.bert), "max_len": start.max_len,
+             "weights": digest(start.weights) if start.weights else None,
+             "tokenizer": digest(start.tokenizer_dir), "data": digest(Path(task_dir)),
+             "transfer": digest(Path(transfer_dir)) if distilled and transfer_dir else None,
+             "soft": soft if distilled else None,
+             "rates": rates, "epochs": epochs, "precision": resolve_precision(cfg.precision),
+             "finetune": cfg.model_dump(mode="json", exclude=_NOT_IN_KEY),
+             "task": task.model_dump(mode="json", exclude=_TASK_NOT_IN_KEY)}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@cache
+def _code_digest() -> str:
+    """The components' source: a fit of other code is never taken for this code's."""
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(f"{path.relative_to(package).as_posix()}\0{digest(path)}\n".encode())
+    return h.hexdigest()
+
+
+def _take_fits(keys: dict[str, str], cfg: FinetuneConfig, reuse_from: list[Path],
+               fits: Path) -> dict[str, dict | None]:
+    """Copy into `fits` the fits of each init but the first (the exported one) that a folder of
+    `reuse_from` holds for every seed under the init's key; by init, its rate search (None
+    without one)."""
+    taken: dict[str, dict | None] = {}
+    for init in cfg.init[1:]:
+        for folder in map(Path, reuse_from):
+            names = [f"{init}-s{seed}" for seed in cfg.seeds]
+            if all(_key_of(folder / "fits" / f"{n}.json") == keys[init] for n in names):
+                for n in names:
+                    for suffix in (".json", ".parquet"):
+                        shutil.copyfile(folder / "fits" / f"{n}{suffix}", fits / f"{n}{suffix}")
+                search = folder / "fits" / f"{init}-search.json"
+                if search.is_file():
+                    shutil.copyfile(search, fits / search.name)
+                taken[init] = read_json(search) if search.is_file() else None
+                log.info("finetune: the %s fits are %s's (the same key), not trained again", init, folder)
+                break
+    return taken
+
+
+def _key_of(fit: Path) -> str | None:
+    """The key a fit's record holds (None: no record, or one without a key)."""
+    try:
+        return read_json(fit).get("key")
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def probe_fits(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path, encoder_dir: Path,
@@ -345,7 +432,7 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
                    threshold, task.tag_decoding)
     pq.write_table(predictions_table(task.kind, test), shared.out / "fits" / f"{name}.parquet")
     summary = {"init": init, "seed": seed, "lr": job.lr, "steps": steps, "best_val_metric": best,
-               "threshold": threshold, "history": history}
+               "threshold": threshold, "history": history, "key": shared.keys[init]}
     write_json(shared.out / "fits" / f"{name}.json", summary)  # a DVC output: no wall time in it
     summary["minutes"] = spent + (time.perf_counter() - start) / 60
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", shared.name, name, best,
