@@ -152,6 +152,7 @@ def _lock(root: Path, params_path: Path) -> Path:
 
 
 def _recorded(root: Path, params_path: Path) -> dict[str, dict]:
+    """The preset's books by stage name."""
     lock = _lock(root, params_path)
     try:
         return json.loads(lock.read_text(encoding="utf-8"))

@@ -132,8 +132,10 @@ def test_the_learning_rate_is_chosen_on_validation_and_every_trial_is_a_child_ru
     # The winning trial is the first seed's fit: no second training, the same validation record.
     (fit,) = stats["fits"].values()
     assert fit == {"lr": 0.003, **search["trials"]["0.003"]}
-    assert sorted(p.name for p in (project / "data/models/tasks/same-topic/fits").iterdir()) == \
-        ["pretrained-s1.json", "pretrained-s1.parquet"]  # no test predictions of a losing trial
+    fits = project / "data/models/tasks/same-topic/fits"
+    assert sorted(p.name for p in fits.iterdir()) == \
+        ["pretrained-s1.json", "pretrained-s1.parquet", "pretrained-search.json"]  # no losing trial's
+    assert json.loads((fits / "pretrained-search.json").read_text()) == search  # taken with the fits
 
     client = _client(project)
     (stage,) = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id],
