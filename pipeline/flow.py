@@ -265,23 +265,24 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     # run or skipped as params.yaml's, so dvc.lock's books are kept too; the rest are kept in
     # the preset's own (pipeline.presets).
     preset = presets.is_preset(path)
-    if (tracked or preset) and versioning.recover_lock(root):
+    lock_kept = tracked or preset
+    if lock_kept and versioning.recover_lock(root):
         logger.warning("dvc.lock: the last run was killed while recording a stage; restored the "
                        "dvc.lock from before it, so that stage runs again")
-    if (tracked or preset) and versioning.recover_rwlock(root):
+    if lock_kept and versioning.recover_rwlock(root):
         logger.warning("DVC's stage-lock table (.dvc/tmp/rwlock) was cut short by a killed run; "
                        "removed it (DVC starts a new one)")
-    if (tracked or preset) and deps.write(default, root / "dvc.yaml"):  # a task or a source added or moved
+    if lock_kept and deps.write(default, root / "dvc.yaml"):  # a task or a source added or moved
         logger.warning("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
                        "(commit it with dvc.lock)")
     names = plan(p, until)
     shared = presets.preset_shares(path, p, until)
     if not tracked:
-        logger.warning("%s is not the project's params.yaml: %d stages run outside DVC's books%s (use "
+        books = "in the preset's own books" if preset else "without books"
+        taken = f"; the default run's, run or skipped as params.yaml's: {', '.join(shared)}" if shared else ""
+        logger.warning("%s is not the project's params.yaml: %d stages run outside dvc.lock, %s (use "
                        "`dvc exp run -S key=value` to try other values)%s", path, len(names) - len(shared),
-                       ", in the preset's own" if preset else "",
-                       f"; {len(shared)} are the default run's, run or skipped as params.yaml's: "
-                       f"{', '.join(shared)}" if shared else "")
+                       books, taken)
     if dead := tracking.close_dead_runs(p.tracking, root):
         logger.warning("MLflow: marked %d runs of a killed earlier run KILLED (they were left RUNNING)",
                        len(dead))
@@ -289,9 +290,12 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     # Up to date at the start: a stage still is until one runs (it may change their deps).
     fresh_at_start = set(names) - versioning.stale_stages(root) if tracked or shared else set()
 
-    def where(name: str) -> tuple[str, bool, bool]:
-        """The params file a stage runs with; whether DVC keeps its books, or the preset's own."""
-        return (str(default), True, False) if name in shared else (str(path), tracked, preset)
+    def where(name: str) -> tuple[str, bool, presets.Copies, bool]:
+        """stage_task's arguments of where a stage runs: the params file; whether DVC keeps its
+        books; the outputs to copy; whether the preset's books keep it."""
+        if name in shared:
+            return str(default), True, shared[name], False
+        return str(path), tracked, [], preset
 
     def known_fresh(name: str) -> bool:
         return name in fresh_at_start and all(r["status"] != "ran" for r in results.values())
@@ -304,13 +308,13 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
             for group in stage_groups(names):
                 if len(group) == 1:
                     current = group[0]
-                    params_file, books, own_books = where(current)
+                    params_file, books, copies, own_books = where(current)
                     results[current] = stage_task(current, params_file, parent.run_id, books,
-                                                  known_fresh(current), shared.get(current, []), own_books)
+                                                  known_fresh(current), copies, own_books)
                     continue
-                futures = stage_task.map(group, [where(n)[0] for n in group], unmapped(parent.run_id),
-                                         [where(n)[1] for n in group], [known_fresh(n) for n in group],
-                                         [shared.get(n, []) for n in group], [where(n)[2] for n in group])
+                files, books, copies, own_books = map(list, zip(*map(where, group), strict=True))
+                futures = stage_task.map(group, files, unmapped(parent.run_id), books,
+                                         [known_fresh(n) for n in group], copies, own_books)
                 wait(futures)  # every task of the group ends before a failure is raised
                 outcome = dict(zip(group, futures, strict=True))
                 results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})

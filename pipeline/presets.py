@@ -26,7 +26,6 @@ import yaml
 from components.core.config import Params
 from components.core.digests import digest
 from components.core.errors import ConfigError
-from components.core.guard import OWNED
 from components.core.io import atomic_dir, atomic_file, write_json
 from components.core.params import load_params
 from pipeline import versioning
@@ -137,7 +136,7 @@ def copy_outputs(root: Path, copies: Copies) -> None:
         src_path, dst_path = root / src, root / dst
         if src_path.is_dir():
             with atomic_dir(dst_path) as tmp:
-                shutil.copytree(src_path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(OWNED))
+                shutil.copytree(src_path, tmp, dirs_exist_ok=True)  # its ownership mark too: the same
         elif src_path.is_file():
             with atomic_file(dst_path) as tmp:
                 shutil.copyfile(src_path, tmp)

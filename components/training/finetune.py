@@ -261,9 +261,9 @@ def _take_fits(keys: dict[str, str], cfg: FinetuneConfig, reuse_from: list[Path]
                     for suffix in (".json", ".parquet"):
                         shutil.copyfile(folder / "fits" / f"{n}{suffix}", fits / f"{n}{suffix}")
                 search = folder / "fits" / f"{init}-search.json"
-                if search.is_file():
-                    shutil.copyfile(search, fits / search.name)
                 taken[init] = read_json(search) if search.is_file() else None
+                if taken[init] is not None:
+                    shutil.copyfile(search, fits / search.name)
                 log.info("finetune: the %s fits are %s's (the same key), not trained again", init, folder)
                 break
     return taken
