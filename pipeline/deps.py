@@ -20,26 +20,16 @@ import ast
 import inspect
 import re
 import sys
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from components.core.imports import PACKAGES, ROOT, code_files, imported_names, module_file
 
 if TYPE_CHECKING:
     from components.core.config import Params
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("components", "pipeline")
 DVC_YAML = ROOT / "dvc.yaml"
 BUILTIN_SOURCE = "components/data/tasks/builtin.py"  # a built-in task's "source": what reads it
-
-
-def module_file(name: str) -> Path | None:
-    """The file of project module `name` (`components.core.io`), or None if it is not one."""
-    base = ROOT.joinpath(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
 
 
 def module_name(path: Path) -> str:
@@ -53,39 +43,6 @@ def project_modules() -> list[str]:
     return sorted(module_name(p) for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 
 
-def imported_names(tree: ast.AST) -> list[str]:
-    """Absolute names a syntax tree imports anywhere (functions included); for `from a import b`,
-    `a.b` when that is a project module, else `a`."""
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            subs = [f"{node.module}.{a.name}" for a in node.names]
-            found = [s for s in subs if module_file(s) is not None]
-            names += found if found else [node.module]
-    return names
-
-
-@cache
-def imports_of(name: str) -> frozenset[str]:
-    """The project modules module `name` imports directly."""
-    tree = ast.parse(module_file(name).read_text(encoding="utf-8"))
-    return frozenset(n for n in imported_names(tree) if n.split(".")[0] in PACKAGES and module_file(n))
-
-
-def closure(names: list[str]) -> set[str]:
-    """`names` and every project module they import, transitively."""
-    seen: set[str] = set()
-    stack = list(names)
-    while stack:
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            stack.extend(imports_of(name))
-    return seen
-
-
 def stage_entries(stage_name: str) -> list[str]:
     """The component modules a stage's entry function in pipeline/stages.py imports."""
     from pipeline.stages import STAGES
@@ -96,8 +53,7 @@ def stage_entries(stage_name: str) -> list[str]:
 
 def code_deps(stage_name: str) -> list[str]:
     """The component files a stage runs, as dvc.yaml lists them (package __init__s left out)."""
-    files = (module_file(n) for n in closure(stage_entries(stage_name)))
-    return sorted(f.relative_to(ROOT).as_posix() for f in files if f.name != "__init__.py")
+    return [f.relative_to(ROOT).as_posix() for f in code_files(stage_entries(stage_name))]
 
 
 def source_deps(p: Params) -> dict[str, list[str]]:

@@ -11,6 +11,7 @@ import tomllib
 import pytest
 import yaml
 
+from components.core.imports import imported_names, imports_of
 from components.core.params import load_params
 from pipeline import deps
 from tests.conftest import ROOT, write_params
@@ -36,7 +37,7 @@ def third_party(paths) -> dict[str, set[str]]:
     """Top-level names of the non-project, non-stdlib modules the files import -> the files."""
     found: dict[str, set[str]] = {}
     for path in paths:
-        for name in deps.imported_names(ast.parse(path.read_text(encoding="utf-8"))):
+        for name in imported_names(ast.parse(path.read_text(encoding="utf-8"))):
             top = name.split(".")[0]
             if top not in sys.stdlib_module_names and top not in OURS:
                 found.setdefault(top, set()).add(path.relative_to(ROOT).as_posix())
@@ -48,7 +49,7 @@ def test_every_component_module_sits_on_a_floor_and_imports_only_its_floor_or_lo
     for module in deps.project_modules():
         if not module.startswith("components.") or module.count(".") < 2:
             continue
-        for imported in deps.imports_of(module):
+        for imported in imports_of(module):
             if imported.startswith("pipeline") or floor(imported) > floor(module):
                 wrong.append(f"{module} (floor {FLOORS[floor(module)]}) imports {imported}")
     assert not wrong, "\n".join(wrong)
@@ -56,7 +57,7 @@ def test_every_component_module_sits_on_a_floor_and_imports_only_its_floor_or_lo
 
 def test_components_know_nothing_of_orchestration():
     for path in (ROOT / "components").rglob("*.py"):
-        tops = {n.split(".")[0] for n in deps.imported_names(ast.parse(path.read_text()))}
+        tops = {n.split(".")[0] for n in imported_names(ast.parse(path.read_text()))}
         assert not tops & {"pipeline", "prefect", "dvc"}, path
 
 
@@ -64,7 +65,7 @@ def test_operations_stand_apart_from_the_flow():
     # pipeline/ops (lock, watchdog, Prefect server, UI, schedule, environment, redaction, the
     # model server's limit) knows nothing of the flow, the stages or the CLI, which use it.
     wrong = [f"{m} imports {i}" for m in deps.project_modules() if m.startswith("pipeline.ops")
-             for i in deps.imports_of(m) if i.startswith("pipeline") and not i.startswith("pipeline.ops")]
+             for i in imports_of(m) if i.startswith("pipeline") and not i.startswith("pipeline.ops")]
     assert not wrong, "\n".join(wrong)
     rest = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.stem != "__init__")
     assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "presets", "publish",
@@ -73,7 +74,7 @@ def test_operations_stand_apart_from_the_flow():
 
 def test_no_import_cycles():
     # Imports inside functions count: a lazy import still ties the two modules together.
-    graph = {m: sorted(deps.imports_of(m) - {m}) for m in deps.project_modules()}
+    graph = {m: sorted(imports_of(m) - {m}) for m in deps.project_modules()}
     state: dict[str, str] = {}
 
     def visit(node: str, path: list[str]) -> None:

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.digests import digest
 from components.core.errors import ConfigError, DataError
+from components.core.imports import ROOT, code_files
 from components.core.io import atomic_dir, read_json, write_json
 from components.core.machine import cpu_facts
 from components.core.progress import bar
@@ -239,11 +240,11 @@ def fit_key(init: str, start: Start, rates: list[float], task: TaskConfig, cfg: 
 
 @cache
 def _code_digest() -> str:
-    """The components' source: a fit of other code is never taken for this code's."""
-    package = Path(__file__).resolve().parents[1]
+    """The code a fit runs (this module and what it imports): a fit of other code is never taken
+    for this code's, and an edit elsewhere (the teacher's stage, serving) keeps every fit."""
     h = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        h.update(f"{path.relative_to(package).as_posix()}\0{digest(path)}\n".encode())
+    for path in code_files([__name__]):
+        h.update(f"{path.relative_to(ROOT).as_posix()}\0{digest(path)}\n".encode())
     return h.hexdigest()
 
 
