@@ -96,12 +96,12 @@ def _retry_transient(task, task_run, state) -> bool:
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
 @masks_errors
 def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
-               known_fresh: bool = False, copies: presets.Copies = (), preset_books: bool = False) -> dict:
+               stale: bool | None = None, copies: presets.Copies = (), preset_books: bool = False) -> dict:
     """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip.
-    `known_fresh`: DVC found it up to date at the start of this run, and no stage has run since,
-    so DVC is not asked again. `copies`: a preset's stage that is the default run's, run here
-    with params.yaml, then copied to the preset's paths. `preset_books`: a preset's own stage,
-    kept in its books instead of dvc.lock (pipeline.presets)."""
+    `stale`: DVC's answer where the flow knows it without asking again (None: ask). `copies`:
+    a preset's stage that is the default run's, run here with params.yaml, then copied to the
+    preset's paths. `preset_books`: a preset's own stage, kept in its books instead of dvc.lock
+    (pipeline.presets)."""
     from prefect.runtime import task_run
 
     logger = get_run_logger()
@@ -110,7 +110,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
     if _TERMINATED.is_set():  # the next stage of a group, after a SIGTERM
         raise Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
     p = load_params(params_path) if preset_books else None
-    if tracked and (known_fresh or not versioning.is_stale(root, name)) or (
+    if tracked and not (versioning.is_stale(root, name) if stale is None else stale) or (
             preset_books and presets.up_to_date(root, Path(params_path), name, p)):
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
@@ -124,6 +124,9 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
             stats = run_stage(name, Path(params_path), parent_run_id, key)
         if tracked:
             versioning.commit(root, name)
+            # Lineage: the deps' hashes DVC has just recorded (hashed once, not also at the start).
+            tracking.tag_attempt((p or load_params(params_path)).tracking, root, key,
+                                 versioning.recorded_dep_hashes(root, name))
         elif preset_books:
             presets.record(root, Path(params_path), name, p)
         logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
@@ -287,8 +290,10 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
         logger.warning("MLflow: marked %d runs of a killed earlier run KILLED (they were left RUNNING)",
                        len(dead))
     results: dict[str, dict] = {}
-    # Up to date at the start: a stage still is until one runs (it may change their deps).
-    fresh_at_start = set(names) - versioning.stale_stages(root) if tracked or shared else set()
+    # DVC's answer for each stage, asked once here: up to date, a stage still is until one runs
+    # (which may change its deps); never recorded in dvc.lock, it stays stale until it runs.
+    stale_at_start = versioning.stale_stages(root) if tracked or shared else set()
+    unrecorded = set(names) - versioning.recorded_stages(root)
 
     def where(name: str) -> tuple[str, bool, presets.Copies, bool]:
         """stage_task's arguments of where a stage runs: the params file; whether DVC keeps its
@@ -297,8 +302,12 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
             return str(default), True, shared[name], False
         return str(path), tracked, [], preset
 
-    def known_fresh(name: str) -> bool:
-        return name in fresh_at_start and all(r["status"] != "ran" for r in results.values())
+    def known_stale(name: str) -> bool | None:
+        if name in unrecorded:
+            return True
+        if name not in stale_at_start and all(r["status"] != "ran" for r in results.values()):
+            return False
+        return None
 
     current = None
     try:
@@ -310,11 +319,11 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
                     current = group[0]
                     params_file, books, copies, own_books = where(current)
                     results[current] = stage_task(current, params_file, parent.run_id, books,
-                                                  known_fresh(current), copies, own_books)
+                                                  known_stale(current), copies, own_books)
                     continue
                 files, books, copies, own_books = map(list, zip(*map(where, group), strict=True))
                 futures = stage_task.map(group, files, unmapped(parent.run_id), books,
-                                         [known_fresh(n) for n in group], copies, own_books)
+                                         [known_stale(n) for n in group], copies, own_books)
                 wait(futures)  # every task of the group ends before a failure is raised
                 outcome = dict(zip(group, futures, strict=True))
                 results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})

@@ -321,8 +321,9 @@ def lookup(data: dict, dotted: str) -> Any:
 def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None, status: str,
               key: str | None = None):
     """The stage's MLflow run with its params and lineage tags: the git commit and the hashes
-    DVC records in dvc.lock for the stage's deps. A task not in params is refused first, before
-    anything is recorded."""
+    DVC records in dvc.lock for the stage's deps (a flow's stage that runs gets those from its
+    flow, once it has recorded it: DVC hashes its deps then). A task not in params is refused
+    first, before anything is recorded."""
     from components.core import tracking
     from pipeline import versioning
 
@@ -333,8 +334,10 @@ def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None
     tags = {"bertflow.stage": name, "bertflow.status": status,
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
     if versioning.tracks(params_path):  # a preset's stage has no dvc.lock entry
-        tags.update(versioning.recorded_dep_hashes(root, name) if status == "skipped"
-                    else versioning.dep_hashes(root, name))
+        if status == "skipped":
+            tags.update(versioning.recorded_dep_hashes(root, name))
+        elif parent_run_id is None:
+            tags.update(versioning.dep_hashes(root, name))
     run = tracking.mlflow_run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
     return root, run
 

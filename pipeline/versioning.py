@@ -20,11 +20,31 @@ def is_dvc_project(root: Path) -> bool:
     return (root / "dvc.yaml").is_file() and (root / ".dvc").is_dir()
 
 
+@functools.cache
+def _lock_read_by_libyaml() -> None:
+    """To record a stage, DVC parses dvc.lock with ruamel's round-trip parser, which keeps
+    comments (DVC writes none there) and is pure Python; with every stage's code deps the file
+    holds thousands of entries, and that parse took about a third of each stage's record.
+    dvc.lock is read by the safe parser (libyaml) instead: DVC writes the same bytes from its
+    data (tests/test_pipeline.py). Other files DVC edits keep the round trip."""
+    from dvc.utils.serialize import _yaml
+
+    round_trip = _yaml.parse_yaml_for_update
+
+    def parse_for_update(text: str, path) -> object:
+        if os.path.basename(path) == "dvc.lock":
+            return _yaml.parse_yaml(text, path)
+        return round_trip(text, path)
+
+    _yaml.parse_yaml_for_update = parse_for_update
+
+
 @contextlib.contextmanager
 def _repo(root: Path) -> Iterator:
     from dvc.repo import Repo
     from dvc.utils.serialize import ParseError
 
+    _lock_read_by_libyaml()
     # DVC resolves some paths against the working directory: work from the project root.
     with contextlib.chdir(root):
         repo = Repo(str(root))
@@ -194,6 +214,11 @@ def push(root: Path) -> int:
     """`dvc push`: upload every cached output of dvc.lock to the default remote; files sent."""
     with _repo(root) as repo:
         return repo.push()
+
+
+def recorded_stages(root: Path) -> set[str]:
+    """The stages dvc.lock records (none without a dvc.lock)."""
+    return set(_recorded(root))
 
 
 def _recorded(root: Path) -> dict[str, dict]:

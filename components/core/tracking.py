@@ -243,6 +243,16 @@ def fail_left_open(cfg: TrackingConfig, root: Path, key: str, why: str) -> list[
     return [run.info.run_id for run in left]
 
 
+def tag_attempt(cfg: TrackingConfig, root: Path, key: str, tags: dict[str, str]) -> None:
+    """Add tags to the run of attempt `key`, finished or not (a stage's lineage, once its flow
+    has recorded it in dvc.lock)."""
+    from mlflow.entities import RunTag
+
+    c = client(cfg, root)
+    for run in c.search_runs([experiment_id(cfg, root)], f"tags.`{KEY_TAG}` = '{key}'", max_results=1):
+        c.log_batch(run.info.run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+
+
 def _open_run(c, cfg: TrackingConfig, root: Path, name: str, parent_run_id: str | None,
               tags: dict[str, Any], key: str | None) -> MlflowRun:
     """Create the run, or reopen the one an earlier attempt with the same key made."""
