@@ -69,22 +69,25 @@ def stage(
                                             "instead of refusing.")] = False,
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
+    from pipeline import presets
     from pipeline.ops.lock import project_lock
-    from pipeline.presets import preset_shares
-    from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
+    from pipeline.stages import PARENT_RUN_ENV, check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
     root = params.resolve().parent
     p = load_params(params)
     # bad params, paths or folders that are not the stages' own: refused, nothing written
     check_outputs_owned(p, root, [name])
-    preset_shares(params, p, name)  # a preset writing over the default run's outputs
+    presets.preset_shares(params, p, name)  # a preset writing over the default run's outputs
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params, p=p)
         return
     with project_lock(root, wait, what=f"bertflow stage {name}"), _terminate_as_failure():
         run_stage(name, params, p=p)
+        # A preset's stage run by hand goes into its books, as the flow enters the stages it runs.
+        if presets.is_preset(params) and not os.environ.get(PARENT_RUN_ENV):
+            presets.record(root, params.resolve(), name, p)
 
 
 class SigtermExit(SystemExit):

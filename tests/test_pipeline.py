@@ -112,6 +112,12 @@ def _check_a_preset(repo) -> None:
     (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
     assert _statuses(pipeline_flow(str(repo / "preset.yaml"), "pairs")) == {
         **dict.fromkeys(DATA_STAGES, "skipped"), "pairs": "ran"}
+    # A stage of its own run by hand goes into its books too: the next run skips it.
+    preset["pairs"] = {"seed": 9}
+    (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
+    run_cli("bertflow", "stage", "pairs", "--params", "preset.yaml", cwd=repo)
+    rerun = pipeline_flow(str(repo / "preset.yaml"), "pairs")
+    assert _statuses(rerun) == dict.fromkeys(DATA_STAGES, "skipped")
 
 
 def _killed_while_recording(repo, stage: str) -> None:
