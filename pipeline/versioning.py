@@ -27,14 +27,15 @@ def _lock_read_by_libyaml() -> None:
     holds thousands of entries, and that parse took about a third of each stage's record.
     dvc.lock is read by the safe parser (libyaml) instead: DVC writes the same bytes from its
     data (tests/test_pipeline.py). Other files DVC edits keep the round trip."""
-    from dvc.utils.serialize import _yaml
+    try:
+        from dvc.utils.serialize import _yaml
 
-    round_trip = _yaml.parse_yaml_for_update
+        round_trip, safe = _yaml.parse_yaml_for_update, _yaml.parse_yaml
+    except (ImportError, AttributeError):  # another DVC's insides: its own way, only slower
+        return
 
     def parse_for_update(text: str, path) -> object:
-        if os.path.basename(path) == "dvc.lock":
-            return _yaml.parse_yaml(text, path)
-        return round_trip(text, path)
+        return safe(text, path) if os.path.basename(path) == "dvc.lock" else round_trip(text, path)
 
     _yaml.parse_yaml_for_update = parse_for_update
 
