@@ -109,7 +109,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
     start = time.perf_counter()
     if _TERMINATED.is_set():  # the next stage of a group, after a SIGTERM
         raise Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
-    p = load_params(params_path) if preset_books else None
+    p = load_params(params_path)
     if tracked and not (versioning.is_stale(root, name) if stale is None else stale) or (
             preset_books and presets.up_to_date(root, Path(params_path), name, p)):
         logger.info("stage %s: up to date, skipped", name)
@@ -121,11 +121,11 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
         if split_name(name)[0].own_process:
             stats = _run_in_own_process(name, params_path, parent_run_id, key)
         else:
-            stats = run_stage(name, Path(params_path), parent_run_id, key)
+            stats = run_stage(name, Path(params_path), parent_run_id, key, p)
         if tracked:
             versioning.commit(root, name)
             # Lineage: the deps' hashes DVC has just recorded (hashed once, not also at the start).
-            tracking.tag_attempt((p or load_params(params_path)).tracking, root, key,
+            tracking.tag_attempt(p.tracking, root, key,
                                  versioning.recorded_dep_hashes(root, name))
         elif preset_books:
             presets.record(root, Path(params_path), name, p)
