@@ -28,7 +28,7 @@ from components.model.metadata import read_checkpoint_info, read_task_model_info
 from components.training.augment import augment
 from components.training.finetune import finetune_task
 from components.training.student import student_encoder
-from components.training.teacher import ensemble_targets, fit_teacher, members
+from components.training.teacher import fit_teacher
 from components.training.transfer_set import build_transfer, corpus_rows, new_pairs
 from tests.conftest import PACKAGES, section
 from tests.test_finetune import _user_files
@@ -188,34 +188,6 @@ def test_a_missing_teacher_or_one_of_another_task_is_refused_by_name(project, ti
         build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, reviews_teacher,
                        tmp_path / "t")
     assert not (tmp_path / "t").exists()  # nothing half-written
-
-
-def test_a_teacher_of_several_seeds_labels_with_the_mean_of_their_distributions(project, tiny_encoder,
-                                                                                 tmp_path):
-    reviews = project / "tasks" / "reviews"
-    task = TASKS["reviews"].model_copy(update={"teacher_seeds": [1, 2]})
-    cfg = _cfg("reviews", init=["pretrained", "distilled"])
-    distill = _distill(str(tiny_encoder), augment_copies=0)
-    stats = fit_teacher("reviews", task, cfg, distill, True, project, project / "packages", reviews,
-                        tmp_path / "teacher")
-    assert set(stats["scores"]) == {"checkpoint-s1", "checkpoint-s2"}
-    assert stats["fits"]["checkpoint-s2"]["lr"] == stats["fits"]["checkpoint-s1"]["lr"]  # the first's rate
-    assert 0 <= stats["ensemble"]["test"] <= 1
-    build_transfer("reviews", task, cfg, distill, True, reviews, tiny_encoder, tmp_path / "teacher",
-                   tmp_path / "transfer")
-    _, targets = read_transfer(tmp_path / "transfer", "reviews", task.kind, read_meta(reviews))
-    train = read_split(reviews, "train")
-    alone = []  # each member's own distributions: a teacher folder of that member only
-    for i, member in enumerate(members(tmp_path / "teacher")):
-        (tmp_path / f"only-{i}").mkdir()
-        (tmp_path / f"only-{i}" / "model").symlink_to(member)
-        alone.append(np.exp(ensemble_targets(tmp_path / f"only-{i}", task, 8, train)))
-    assert len(alone) == 2 and not np.allclose(alone[0], alone[1], atol=1e-3)  # two teachers, not one twice
-    np.testing.assert_allclose(np.exp(targets), (alone[0] + alone[1]) / 2, atol=1e-5)
-    with pytest.raises(DataError, match=r"a teacher of 2 seeds, but task reviews asks for 1 "
-                                        r"\(teacher_seeds\); rerun teacher@reviews"):
-        build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder,
-                       tmp_path / "teacher", tmp_path / "t")
 
 
 def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(project, tiny_encoder,

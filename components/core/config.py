@@ -272,8 +272,6 @@ class TaskConfig(Section):
     tag_decoding: Literal["valid", "free"] = doc("BIO token tasks: only sequences a BIO reader accepts, "
                                                  "or each word's own best tag.", "valid")
     teacher_lr: Decay = doc("The `distilled` start's teacher's rate; 0 takes distill.teacher_lr_grid.", 0.0)
-    teacher_seeds: list[int] = doc("The `distilled` start's teacher's seeds (an ensemble); empty takes "
-                                   "distill.teacher_seeds.", [])
     transfer_corpus: str = doc("The `distilled` start: an ingest source the teacher also labels.", "")
     transfer_pairs: Count = doc("Pair tasks, the `distilled` start: new pairs of training texts the "
                                 "teacher also labels.", 0)
@@ -335,7 +333,7 @@ class DistillConfig(Section):
     encoder fine-tuned on a teacher's soft targets over the training split and more."""
     teacher: str = doc("Checkpoint fine-tuned on each task as its teacher: a packaged name or a folder.")
     teacher_seeds: Annotated[list[int], rule(bool, "needs at least one seed")] = doc(
-        "The teacher's seeds, each fitted and scored; their mean distribution labels the transfer set.")
+        "The teacher's seeds: the first labels the transfer set, every one is scored.")
     teacher_lr_grid: Annotated[Rates, rule(bool, "needs at least one rate")] = doc(
         "The teacher's rates, chosen on validation (a task's teacher_lr skips the search).")
     temperature: Rate = doc("Softens the teacher's and the student's distributions alike (Hinton et al.).")

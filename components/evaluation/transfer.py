@@ -36,16 +36,11 @@ def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
 
 
 def teacher_scores(task_metrics: Path) -> dict | None:
-    """The `distilled` start's teacher on the test split (teacher_stats.json): its ensemble's
-    score where it has one (several seeds, a classification or pair task), else its seeds';
-    None without a teacher."""
+    """The `distilled` start's teacher on the test split over its seeds (teacher_stats.json),
+    or None without a teacher."""
     path = Path(task_metrics) / "teacher_stats.json"
     stats = json.loads(path.read_text()) if path.exists() else {}
-    if not stats.get("teacher"):
-        return None
-    if "ensemble" in stats:
-        return summarize([stats["ensemble"]["test"]])
-    return summarize([s["test"] for s in stats["scores"].values()])
+    return summarize([s["test"] for s in stats["scores"].values()]) if stats.get("teacher") else None
 
 
 def _baseline_legend(rows: list[dict]) -> str:
@@ -88,9 +83,7 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
                    else "the pretrained encoder")
         legend += (f"*distilled*: {student} fine-tuned on its *teacher*'s soft targets "
                    "over the training split and its augmented copies (teacher_stats.json, "
-                   "transfer_set_stats.json; a teacher of several seeds is their ensemble, the mean "
-                   "of their distributions, scored as such for texts and pairs); "
-                   "*distillation*: distilled minus pretrained, in points; "
+                   "transfer_set_stats.json); *distillation*: distilled minus pretrained, in points; "
                    "*of teacher*: the distilled score as a share of the teacher's; ")
     if any(r.get("adapted") for r in rows):
         legend += ("*task-adapted*: the pretrained encoder continued with masked LM on the task's "

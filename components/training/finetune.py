@@ -219,7 +219,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
 # (fits in workers are those of one process), and the teacher's settings (its transfer set and
 # its rates are in the key).
 _NOT_IN_KEY = {"init", "tasks", "seeds", "onnx", "workers"}
-_TASK_NOT_IN_KEY = {"teacher_lr", "teacher_seeds", "transfer_corpus", "transfer_pairs", "pair_link"}
+_TASK_NOT_IN_KEY = {"teacher_lr", "transfer_corpus", "transfer_pairs", "pair_link"}
 
 
 def fit_key(init: str, start: Start, rates: list[float], task: TaskConfig, cfg: FinetuneConfig, epochs: int,

@@ -2,9 +2,9 @@
 the training split, `distill.augment_copies` copies of it with words the pretrained encoder's
 masked LM replaced (training/augment.py), with the task's `transfer_corpus` a sample of that
 corpus source's documents or sentences, and with a pair task's `transfer_pairs` new pairs of its
-training texts (`new_pairs`); every row labelled by the task's teacher (teacher@task) with its
-soft targets (model/soft_targets.py), the mean of its seeds' distributions. The validation and
-test splits never enter it. Without `distilled` in finetune.init the stage writes an empty record.
+training texts (`new_pairs`); every row labelled by the task's teacher
+(teacher@task) with its soft targets (model/soft_targets.py). The validation and test splits
+never enter it. Without `distilled` in finetune.init the stage writes an empty record.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from components.core.io import atomic_dir, write_json
 from components.data.tasks.folder import read_meta, read_split
 from components.data.text import split_words
 from components.data.transfer_set import write_transfer
-from components.model.metadata import INFO_FILE, read_encoder_info
+from components.model.build import task_model
+from components.model.folders import load_tokenizer, read_weights
+from components.model.inputs import encode
+from components.model.metadata import INFO_FILE, TaskModelInfo, read_encoder_info, read_task_model_info
+from components.model.soft_targets import teacher_targets
 from components.training.augment import augment
-from components.training.teacher import check_teacher, ensemble_targets, members
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Di
             write_json(tmp / INFO_FILE, {"transfer": False})
         return {"transfer": False}
     meta = read_meta(task_dir)
-    info = check_teacher(teacher_dir, name, task, distill, meta)
+    info = check_teacher(Path(teacher_dir) / "model", name, task, meta)
     train = read_split(task_dir, "train")
     max_len = min(task.max_seq_len or cfg.max_seq_len, read_encoder_info(encoder_dir).config.max_position)
     copies = augment(train, task.kind, encoder_dir, distill.augment_copies, distill.augment_prob,
@@ -55,9 +58,13 @@ def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Di
     n = train.num_rows
     table = (table.append_column("source", pa.array([s for s, t in parts.items() for _ in range(t.num_rows)]))
              .append_column("gold", pa.array([True] * n + [False] * (table.num_rows - n))))
-    targets = ensemble_targets(teacher_dir, task, cfg.batch_size * 2, table)
-    record = {"task": name, "kind": task.kind, "labels": meta["labels"], "teacher": info.fit,
-              "members": len(members(teacher_dir))}
+    model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
+    model.load_state_dict(read_weights(Path(teacher_dir) / "model" / "model.safetensors"))
+    examples = encode(table, task.kind, load_tokenizer(Path(teacher_dir) / "model", info.config), info.labels,
+                      info.max_seq_len, task.long_text, info.label_subwords, task.max_span_words, info.scheme,
+                      task.chunk_overlap)
+    targets = teacher_targets(model, task.kind, examples, cfg.batch_size * 2)
+    record = {"task": name, "kind": task.kind, "labels": meta["labels"], "teacher": info.fit}
     with atomic_dir(out_dir) as tmp:
         write_transfer(table, targets, task.kind, record, tmp)
     stats = {"transfer": True, "rows": table.num_rows, "train_rows": n, "augmented_rows": copies.num_rows,
@@ -137,3 +144,15 @@ def new_pairs(train: pa.Table, rows: int, link: str, labels: list[str], seed: in
             out.append((texts[i], texts[j]))
     return pa.table({"text_a": [p[0] for p in out], "text_b": [p[1] for p in out],
                      "label": [y[0]] * rows}, schema=train.schema)
+
+
+def check_teacher(model_dir: Path, name: str, task: TaskConfig, meta: dict) -> TaskModelInfo:
+    """The teacher's record, refused with one line if there is none or it was fine-tuned on
+    another kind of task or label set."""
+    if not (Path(model_dir) / INFO_FILE).is_file():
+        raise DataError(f"{model_dir}: no teacher; run teacher@{name} (finetune.init has distilled)")
+    info = read_task_model_info(model_dir)
+    if (info.task.kind, info.labels, info.scheme) != (task.kind, meta["labels"], meta.get("scheme", "")):
+        raise DataError(f"{model_dir}: a teacher of a {info.task.kind} task with labels {info.labels}, "
+                        f"but task {name} is {task.kind} with labels {meta['labels']}; rerun teacher@{name}")
+    return info
