@@ -125,8 +125,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
         if tracked:
             versioning.commit(root, name)
             # Lineage: the deps' hashes DVC has just recorded (hashed once, not also at the start).
-            tracking.tag_attempt(p.tracking, root, key,
-                                 versioning.recorded_dep_hashes(root, name))
+            tracking.tag_attempt(p.tracking, root, key, versioning.recorded_dep_hashes(root, name))
         elif preset_books:
             presets.record(root, Path(params_path), name, p)
         logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
