@@ -1,4 +1,5 @@
-"""The image definition lints clean, and CI calls the README's test command."""
+"""The image definition lints clean, CI calls the README's test command, and git ignores what
+the runs generate."""
 
 from __future__ import annotations
 
@@ -51,3 +52,17 @@ def test_the_installed_package_holds_every_subpackage():
     ours = {".".join(p.parent.relative_to(ROOT).parts) for top in ("components", "pipeline")
             for p in (ROOT / top).rglob("__init__.py")}
     assert found == ours
+
+
+def test_git_ignores_the_data_every_params_file_generates():
+    """What a run writes under data/ is DVC's (the default run) or nobody's to commit (a preset's
+    outputs); `git status` after `bertflow run -p PRESET` lists none of it."""
+    from components.core.params import load_params
+
+    generated = ("raw", "clean", "checkpoint", "tokenizer", "pairs", "tasks", "models")
+    paths = {f"{getattr(load_params(f).paths, key)}/x" for f in sorted(ROOT.glob("params*.yaml"))
+             for key in generated}
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, text=True,
+                          input="\n".join(sorted(paths)), capture_output=True)
+    ignored = set(proc.stdout.split())
+    assert paths - ignored == set(), "not git-ignored: " + ", ".join(sorted(paths - ignored))
