@@ -57,9 +57,12 @@ def test_the_installed_package_holds_every_subpackage():
 def test_git_ignores_the_data_every_params_file_generates():
     """What a run writes under data/ is DVC's (the default run) or nobody's to commit (a preset's
     outputs); `git status` after `bertflow run -p PRESET` lists none of it."""
+    from components.core.config import PathsConfig
     from components.core.params import load_params
 
-    generated = ("raw", "clean", "checkpoint", "tokenizer", "pairs", "tasks", "models")
+    # Every path a run writes to: all but the user's own files and the metrics git keeps. A file
+    # inside each folder is asked about, as `git status` would list it.
+    generated = set(PathsConfig.model_fields) - {"user_data", "metrics"}
     paths = {f"{getattr(load_params(f).paths, key)}/x" for f in sorted(ROOT.glob("params*.yaml"))
              for key in generated}
     proc = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, text=True,

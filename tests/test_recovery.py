@@ -25,10 +25,10 @@ import yaml
 from tests.conftest import BIN, POOL, make_task_project, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
-# One task: a second would run the same stage code again, and its kills would cost the suite
-# six more pipeline starts (each `bertflow run` imports Prefect, MLflow, DVC and torch anew).
+# One task: a second would run the same stage code again, and every kill costs the suite a
+# pipeline start (each `bertflow run` imports Prefect, MLflow, DVC and torch anew).
 TASKS = {"ner": {"kind": "token", "source": "data/user/tasks/ner.conll"}}
-KILLS = 3  # stages killed besides pretraining, of the 13 a run has: each kill is a run start
+KILLS = 3  # stages killed besides pretraining, of the 13 a run has
 DONE = re.compile(r"stage (\S+): ran in ([\d.]+) s")
 
 
