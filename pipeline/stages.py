@@ -155,22 +155,22 @@ def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
                               root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
                               root / p.paths.models / "adapted" / task, p.distill,
                               root / p.paths.models / "transfer-set" / task, student,
-                              reuse_from=_default_run_fits(p, root, task))
+                              reuse_from=_fits_to_take(p, root, task))
     if run is not None:
         run.log_artifact(out / "model", "model")
         _log_search(p, root, run, task, stats)
     return stats
 
 
-def _default_run_fits(p: Params, root: Path, task: str) -> list[Path]:
-    """For a run of another params file than the project's params.yaml (a preset): the default
-    run's folder of the task's fits, from which it takes every fit it would train alike (their
-    keys say so: training/finetune.py)."""
+def _fits_to_take(p: Params, root: Path, task: str) -> list[Path]:
+    """The folders of the task's fits that its finetune stage takes every fit from that it would
+    train alike (their keys say so: training/finetune.py): its own last output, so that a changed
+    start (a new student) trains only that start again; and for a run of another params file than
+    the project's params.yaml (a preset), the default run's."""
+    models = p.paths.models
     default = root / "params.yaml"
-    if not default.is_file():
-        return []
-    models = load_params(default).paths.models
-    return [root / models / "tasks" / task] if models != p.paths.models else []
+    others = [load_params(default).paths.models] if default.is_file() else []
+    return [root / m / "tasks" / task for m in dict.fromkeys([models, *others])]
 
 
 def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -> None:
