@@ -163,14 +163,12 @@ def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
 
 
 def _fits_to_take(p: Params, root: Path, task: str) -> list[Path]:
-    """The folders of the task's fits that its finetune stage takes every fit from that it would
-    train alike (their keys say so: training/finetune.py): its own last output, so that a changed
-    start (a new student) trains only that start again; and for a run of another params file than
-    the project's params.yaml (a preset), the default run's."""
-    models = p.paths.models
+    """Where the task's finetune stage looks for fits under their keys (training/finetune.py):
+    its own last output, so a changed start (a new student) is the only one trained again; and in
+    a preset (another params file than the project's params.yaml), the default run's too."""
     default = root / "params.yaml"
     others = [load_params(default).paths.models] if default.is_file() else []
-    return [root / m / "tasks" / task for m in dict.fromkeys([models, *others])]
+    return [root / m / "tasks" / task for m in dict.fromkeys([p.paths.models, *others])]
 
 
 def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -> None:

@@ -302,7 +302,7 @@ def test_an_inits_fits_with_the_same_key_are_taken_from_another_run_not_trained(
         assert (tmp_path / "preset" / "fits" / name).read_bytes() == \
             (tmp_path / "default" / "fits" / name).read_bytes()
     # A stage's own last output is such a run too (pipeline/stages.py passes it): the folder a
-    # rerun replaces is read before it goes, so a changed first init trains only that init.
+    # rerun replaces is read before it goes, and only the exported first init trains again.
     again = finetune_task("reviews", task, more, tmp_path / "task", tiny_encoder, tmp_path / "preset",
                           reuse_from=[tmp_path / "preset"])
     assert again["this_run"]["taken"] == "pretrained" and again["fits"] == preset["fits"]
