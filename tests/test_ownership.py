@@ -1,5 +1,6 @@
-"""Nothing lost by design: a command replaces only folders it made (a marker inside says so), and
-no output path, after links are followed, overlaps the project's code, inputs or stores.
+"""Nothing lost by design: a command replaces only folders every file of which it wrote (the
+marker inside lists them, or names the folder itself while bertflow writes it), and no output
+path, after links are followed, overlaps the project's code, inputs or stores.
 
 The generic check points every path param and every output argument at each protected place and
 asserts one `error:` line with the project's files unchanged; a path param or an output
@@ -8,6 +9,8 @@ argument added later is covered by it (or fails the test until it is classified)
 from __future__ import annotations
 
 import inspect
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,8 +18,8 @@ import pytest
 
 from components.core.config import PathsConfig
 from components.core.errors import ConfigError
-from components.core.guard import OUTPUT_FOLDERS, OWNED, SOURCE_FOLDERS, claim, make_owned, remove_owned
-from components.core.io import TEMP_MARK, atomic_dir
+from components.core.guard import OUTPUT_FOLDERS, OWNED, SOURCE_FOLDERS, WORK, claim, make_owned, remove_owned
+from components.core.io import atomic_dir
 from components.core.params import load_params
 from pipeline.cli import app, main
 from tests.conftest import run_cli, small_params, tree, write_params
@@ -158,7 +161,96 @@ def test_every_output_argument_of_every_command_is_in_the_catalogue():
     assert with_outputs <= covered, with_outputs - covered
 
 
-def test_a_folder_is_replaced_or_removed_only_when_bertflow_made_it(tmp_path):
+def _written(folder: Path, files: dict[str, str]) -> Path:
+    """`folder` written as a stage writes its output (atomic_dir: the manifest inside)."""
+    with atomic_dir(folder) as tmp:
+        for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text)
+    return folder
+
+
+def _copied_export(mine: Path) -> None:
+    """The user's habit: `cp -r exported/. mine/`, the hidden marker coming along."""
+    shutil.copytree(_written(mine.parent / "exported", {"config.json": "{}", "model.safetensors": "w"}),
+                    mine, dirs_exist_ok=True)
+    shutil.rmtree(mine.parent / "exported")
+
+
+def _touched_marker(mine: Path) -> None:
+    (mine / OWNED).touch()
+
+
+def _added_to_an_export(mine: Path) -> None:
+    precious = (mine / "precious.txt").read_text()
+    shutil.rmtree(mine)
+    _written(mine, {"config.json": "{}"})
+    (mine / "precious.txt").write_text(precious)  # NOTES.txt, added to an earlier export
+
+
+def _changed_in_an_export(mine: Path) -> None:
+    precious = (mine / "precious.txt").read_text()
+    shutil.rmtree(mine)
+    _written(mine, {"precious.txt": "as bertflow wrote it\n"})
+    (mine / "precious.txt").write_text(precious)  # edited by the user since
+
+
+def _copied_work_marker(mine: Path) -> None:
+    """A marker of a folder bertflow was writing, copied in: it names another folder."""
+    make_owned(mine.parent / "work")
+    shutil.copy(mine.parent / "work" / WORK, mine / WORK)
+    remove_owned(mine.parent / "work")
+
+
+def _older_marker(mine: Path) -> None:
+    (mine / OWNED).write_text("bertflow made this folder; it replaces or removes a folder only "
+                              "while this file is in it.\n")  # what bertflow wrote before manifests
+
+
+YOURS = {  # how data/mine (holding precious.txt) came to carry a marker, and what the error says
+    "a copied export": (_copied_export, "files bertflow did not write (precious.txt)"),
+    "a touched marker": (_touched_marker, "lists no files"),
+    "a file added to an export": (_added_to_an_export, "files bertflow did not write (precious.txt)"),
+    "a file changed in an export": (_changed_in_an_export,
+                                    "files changed since bertflow wrote them (precious.txt)"),
+    "a copied work marker": (_copied_work_marker, f"no {OWNED} in it"),
+    "an older bertflow's marker": (_older_marker, "lists no files"),
+}
+
+
+WRITERS = {  # a stage output (by `bertflow stage` and by `bertflow run`) and an export
+    "stage": ({"paths": {"raw": "data/mine"}}, ["stage", "ingest"]),
+    "run": ({"paths": {"raw": "data/mine"}}, ["run", "--until", "ingest"]),
+    "export-hf": ({}, ["export-hf", "mine", "data/mine"]),
+}
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+@pytest.mark.parametrize("how", list(YOURS))
+def test_a_folder_of_yours_carrying_a_marker_is_refused_and_loses_nothing(how, writer, tmp_path, monkeypatch,
+                                                                          capfd):
+    root = tmp_path / "project"
+    root.mkdir()
+    sections, argv = WRITERS[writer]
+    params = _project(root, **sections)
+    mine = root / "data" / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("203 files of mine\n")
+    setup, message = YOURS[how]
+    setup(mine)
+    before = _everything(root)
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "argv", ["bertflow", *argv, "-p", str(params)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capfd.readouterr().err
+    assert exited.value.code == 1, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and "data/mine" in err and message in err, err
+    assert _everything(root) == before
+
+
+def test_a_folder_is_replaced_or_removed_only_when_every_file_in_it_is_bertflows(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "keep.txt").write_text("keep me")
@@ -171,31 +263,63 @@ def test_a_folder_is_replaced_or_removed_only_when_bertflow_made_it(tmp_path):
     link.symlink_to(tmp_path / "made")
     with pytest.raises(ConfigError, match="is a symbolic link"):
         make_owned(link)
-    made = make_owned(tmp_path / "made" / "deep")
+    made = make_owned(tmp_path / "made" / "deep")  # a work folder: bertflow writes into it later
     (made / "snapshot").write_text("ours")
     assert remove_owned(made) and not made.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     with atomic_dir(empty) as tmp:  # an empty folder holds nothing to lose
         (tmp / "x").write_text("ours")
-    assert sorted(p.name for p in empty.iterdir()) == [OWNED, "x"]
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "y").write_text("ours too")
+    assert sorted(p.name for p in empty.iterdir()) == [OWNED, "sub", "x"]
+    manifest = json.loads((empty / OWNED).read_text())
+    assert manifest["folders"] == ["sub"] and sorted(manifest["files"]) == ["sub/y", "x"]
+    (empty / "sub" / "y").unlink()  # a listed file gone is no loss
+    claim(empty)
+    (empty / "sub" / "notes").mkdir()  # ... a folder of the user's inside one of ours is
+    with pytest.raises(ConfigError, match=r"did not write \(sub/notes/\)"):
+        claim(empty)
+    assert not remove_owned(empty) and (empty / "x").read_text() == "ours"
 
 
-def test_only_marked_temp_folders_are_cleaned_up_never_a_user_folder_of_a_similar_name(tmp_path):
+def test_a_copy_of_bertflows_output_with_nothing_added_is_still_its_own(tmp_path):
+    # What `dvc checkout` does to an output: the same files, written anew (other inodes and
+    # times). The manifest depends on content alone, so the output stays bertflow's, and two
+    # equal outputs carry byte-equal markers (DVC's hashes of them stay reproducible).
+    first = _written(tmp_path / "first", {"a.parquet": "rows", "sub/b.json": "{}"})
+    second = _written(tmp_path / "second", {"sub/b.json": "{}", "a.parquet": "rows"})
+    assert (first / OWNED).read_bytes() == (second / OWNED).read_bytes()
+    copy = tmp_path / "data" / "raw"
+    shutil.copytree(first, copy)
+    with atomic_dir(copy) as tmp:
+        (tmp / "c").write_text("next run")
+    assert sorted(p.name for p in copy.iterdir()) == [OWNED, "c"]
+
+
+def test_only_temp_folders_bertflow_made_are_cleaned_up_never_a_copy_or_a_look_alike(tmp_path):
     final = tmp_path / "raw"
     backup = tmp_path / ".raw.backup-2024"  # a user's copy, named like a stage's temp folder
     backup.mkdir()
     (backup / "doc.txt").write_text("keep me")
-    stale = tmp_path / ".raw.tmp-killed1"  # what a killed run leaves: a temp folder, marked
-    stale.mkdir()
-    (stale / TEMP_MARK).touch()
+    stale = make_owned(tmp_path / ".raw.tmp-killed1")  # what a killed run leaves: a work folder
+    (stale / "part-00000.parquet").write_text("half")
+    touched = tmp_path / ".raw.tmp-touched"  # a temp-looking folder of the user's, marker touched
+    touched.mkdir()
+    (touched / WORK).touch()
+    (touched / "doc.txt").write_text("keep me too")
+    copied = tmp_path / ".raw.tmp-copied"  # a copy of a killed run's temp folder, marker and all
+    shutil.copytree(stale, copied)
     with atomic_dir(final) as tmp:
         (tmp / "a").write_text("first")
     with atomic_dir(final) as tmp:  # replaces the first output: it is bertflow's
         (tmp / "b").write_text("second")
-    assert sorted(p.name for p in final.iterdir()) == [OWNED, "b"]  # marked as ours, no temp mark
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".raw.backup-2024", "raw"]
+    assert sorted(p.name for p in final.iterdir()) == [OWNED, "b"]  # marked as ours, no work mark
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".raw.backup-2024", ".raw.tmp-copied", ".raw.tmp-touched", "raw"]
     assert (backup / "doc.txt").read_text() == "keep me"
+    assert (touched / "doc.txt").read_text() == "keep me too"
+    assert (copied / "part-00000.parquet").read_text() == "half"
 
 
 def test_an_output_folder_has_the_usual_modes_whatever_the_library_wrote(tiny_encoder):

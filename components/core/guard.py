@@ -1,9 +1,14 @@
 """Where bertflow may write: one check, in one place, used by every writer.
 
 Two rules, mechanisms rather than a list of cases:
-- Ownership. A folder is replaced or removed only when bertflow made it: every folder it makes
-  carries an OWNED marker, and a non-empty folder without one is refused, naming the key or
-  argument that pointed there. (A file you name with `--out` is replaced; a folder never is.)
+- Ownership. A folder is replaced or removed only when every file in it is one bertflow wrote.
+  A finished folder (a stage output, an export, a data-package install) holds an OWNED marker
+  that lists every file and folder bertflow put there, with each file's size and SHA-256; a
+  folder bertflow is still writing (a temp folder, pretraining's snapshots) holds a WORK marker
+  naming the folder itself (its inode, which no copy keeps). A marker that does not describe its
+  folder (copied, made by hand, or the folder holds files it does not list, or changed ones) is
+  refused, naming the files bertflow did not write. (A file you name with `--out` is replaced; a
+  folder never is.)
 - Places. Output paths are resolved (symlinks followed) and may not overlap, either way, the
   project's code, environment, inputs or stores; stage outputs also lie inside the project's
   `data/` or `metrics/` folder.
@@ -12,10 +17,12 @@ Two rules, mechanisms rather than a list of cases:
 from __future__ import annotations
 
 import configparser
+import hashlib
+import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -23,14 +30,18 @@ from urllib.parse import urlparse
 from components.core.config import Params
 from components.core.errors import ConfigError
 
-OWNED = ".bertflow-owned"
-_OWNED_TEXT = "bertflow made this folder; it replaces or removes a folder only while this file is in it.\n"
+OWNED = ".bertflow-owned"  # in a finished folder: what bertflow put there (its manifest)
+WORK = ".bertflow-work"  # in a folder bertflow is writing: which folder it was made as
+MARKERS = (OWNED, WORK)
+_ABOUT = ("bertflow made this folder and lists here everything it put in it; it replaces or "
+          "removes the folder only while the folder holds nothing else and each file is unchanged")
 OUTPUT_AREAS = ("data", "metrics")  # the project folders that stage outputs must lie inside
 OUTPUT_FOLDERS = ("raw", "clean", "checkpoint", "tokenizer", "pairs", "tasks", "models", "metrics")
 SOURCE_FOLDERS = ("user_data", "packages")  # read (packages also installed into), never replaced
 # Always protected, git or not: the code, the environment and the stores of the embedded defaults.
 _CODE = ("components", "pipeline", "tests", "benchmarks", "docs", ".git", ".ci")
 _STORES = (".venv", ".dvc", ".prefect", "mlartifacts", "mlruns")
+_NAMED = 5  # foreign files an error names before "and N more"
 
 
 class OwnershipError(ConfigError):
@@ -38,21 +49,45 @@ class OwnershipError(ConfigError):
 
 
 def mark(folder: Path) -> None:
-    """Mark `folder` as made by bertflow (done by every writer when it makes a folder)."""
-    (Path(folder) / OWNED).write_text(_OWNED_TEXT, encoding="utf-8")
+    """Mark the finished `folder` as bertflow's: its OWNED manifest lists what it holds now.
+
+    The manifest depends on the folder's content alone (no times, no absolute paths), so equal
+    outputs carry equal markers and DVC's hashes of them stay reproducible; a `dvc checkout` of
+    the folder restores a marker that still describes it."""
+    folder = Path(folder)
+    folders, files = [], {}
+    for rel, path, kind in _entries(folder):
+        if kind == "folder":
+            folders.append(rel)
+        elif kind == "file":
+            files[rel] = [path.stat().st_size, _sha256(path)]
+        else:
+            raise OwnershipError(f"{path} is {kind}; bertflow writes only files and folders")
+    manifest = {"bertflow": "owned", "about": _ABOUT, "folders": folders, "files": files}
+    (folder / OWNED).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def mark_work(folder: Path) -> None:
+    """Mark `folder` as one bertflow is writing into: the marker names the folder by its inode,
+    which a copy of the folder (or of the marker) does not keep."""
+    record = {"bertflow": "work", "inode": Path(folder).stat().st_ino}
+    (Path(folder) / WORK).write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
 def make_owned(folder: Path, what: str = "") -> Path:
-    """Create `folder` (or take it, if bertflow made it or it is empty) and mark it."""
+    """Create the work folder `folder` (or take it, if it is bertflow's or empty) and mark it as
+    one bertflow writes into (pretraining's snapshots, adapt's pairs); returns it."""
     folder = Path(folder)
     claim(folder, what)
     folder.mkdir(parents=True, exist_ok=True)
-    mark(folder)
+    if not (folder / WORK).is_file():
+        mark_work(folder)
     return folder
 
 
 def claim(folder: Path, what: str = "") -> None:
-    """Refuse to replace `folder` unless it is missing, empty, or marked as bertflow's."""
+    """Refuse to replace `folder` unless it is missing, empty, or every file in it is bertflow's:
+    a WORK marker made in this very folder, or an OWNED manifest that lists each entry as it is."""
     folder = Path(folder)
     name = f"{what}: {folder}" if what else str(folder)
     if folder.is_symlink():
@@ -62,22 +97,115 @@ def claim(folder: Path, what: str = "") -> None:
         return
     if not folder.is_dir():
         raise OwnershipError(f"{name} is a file, not a folder bertflow made; name a new folder")
-    if (folder / OWNED).is_file() or not any(folder.iterdir()):
+    if not any(folder.iterdir()) or _is_work(folder):
         return
-    raise OwnershipError(f"{name} holds files bertflow did not write (no {OWNED} in it), and it "
-                         "replaces only folders it made; name a new folder, or move that one "
-                         "away yourself")
+    if not (folder / OWNED).is_file():
+        raise OwnershipError(f"{name} holds files bertflow did not write (no {OWNED} in it), and it "
+                             "replaces only folders it made; name a new folder, or move that one "
+                             "away yourself")
+    manifest = _read_json(folder / OWNED) or {}
+    if manifest.get("bertflow") != "owned" or not isinstance(manifest.get("files"), dict):
+        raise OwnershipError(f"{name}: its {OWNED} lists no files (a folder of a bertflow older "
+                             "than the manifest, or a marker copied or made by hand), so bertflow "
+                             "can't tell its files from yours; look inside, then move the folder "
+                             "away or delete it yourself: the next run writes it anew")
+    foreign, changed = _differences(folder, manifest)
+    if foreign or changed:
+        parts = [f"files bertflow did not write ({_some(foreign)})"] if foreign else []
+        parts += [f"files changed since bertflow wrote them ({_some(changed)})"] if changed else []
+        raise OwnershipError(f"{name} holds {' and '.join(parts)}, and bertflow replaces a folder "
+                             "only while every file in it is its own, unchanged; move those files "
+                             "away, or name a new folder")
 
 
 def remove_owned(folder: Path) -> bool:
-    """Remove `folder` if bertflow made it (marked, or empty); True if it is gone."""
+    """Remove `folder` if every file in it is bertflow's (components.core.guard.claim); True if
+    it is gone. The marker goes last, so that a kill part way leaves a folder still marked."""
     folder = Path(folder)
     try:
         claim(folder)
     except OwnershipError:
         return False
+    if not folder.exists():
+        return True
+    for child in folder.iterdir():
+        if child.name in MARKERS:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
     shutil.rmtree(folder, ignore_errors=True)
     return not folder.exists()
+
+
+def _is_work(folder: Path) -> bool:
+    """Whether `folder` holds a WORK marker made in it (not a copy of one, nor a touched file)."""
+    record = _read_json(folder / WORK)
+    return (record is not None and record.get("bertflow") == "work"
+            and record.get("inode") == folder.stat().st_ino)
+
+
+def _differences(folder: Path, manifest: dict) -> tuple[list[str], list[str]]:
+    """The entries of `folder` its manifest does not list (or lists as another kind), and the
+    listed files whose size or digest differ. Listed entries that are gone are no loss: ignored."""
+    folders, files = set(manifest.get("folders", [])), manifest["files"]
+    foreign, changed = [], []
+    for rel, path, kind in _entries(folder, skip=lambda rel: rel not in folders):
+        if kind == "folder" and rel in folders:
+            continue
+        listed = files.get(rel)
+        # A link to a file counts as that file: DVC's symlink and hardlink cache types check out
+        # outputs that way.
+        is_file = kind == "file" or (kind == "a symbolic link" and path.is_file())
+        if not is_file or not isinstance(listed, list) or len(listed) != 2:
+            foreign.append(rel + ("/" if kind == "folder" else ""))
+        elif path.stat().st_size != listed[0] or _sha256(path) != listed[1]:
+            changed.append(rel)
+    return foreign, changed
+
+
+def _entries(folder: Path, skip: Callable[[str], bool] = lambda rel: False
+             ) -> list[tuple[str, Path, str]]:
+    """(relative posix path, path, kind) of everything under `folder` but its top-level markers,
+    sorted by path; kind is "folder", "file", "a symbolic link" or "a special file". Links are
+    not followed; a folder for which `skip(rel)` holds is listed but not entered."""
+    out, stack = [], [folder]
+    while stack:
+        current = stack.pop()
+        for path in current.iterdir():
+            rel = path.relative_to(folder).as_posix()
+            if current == folder and path.name in MARKERS:
+                continue
+            if path.is_symlink():
+                out.append((rel, path, "a symbolic link"))
+            elif path.is_dir():
+                out.append((rel, path, "folder"))
+                if not skip(rel):
+                    stack.append(path)
+            else:
+                out.append((rel, path, "file" if path.is_file() else "a special file"))
+    return sorted(out, key=lambda entry: entry[0])
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _read_json(path: Path) -> dict | None:
+    """`path` as a JSON object; None when it is missing, unreadable or not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _some(names: list[str]) -> str:
+    """The first few of `names`, and how many more."""
+    more = len(names) - _NAMED
+    return ", ".join(names[:_NAMED]) + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from components.core.guard import claim, mark
+from components.core.guard import WORK, claim, mark, mark_work, remove_owned
 
 SHARD_GLOB = "part-*.parquet"
 SPLITS = ("train", "heldout")  # the sub-folders of the clean and pairs outputs
@@ -55,9 +55,6 @@ def printable(path: Path | str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-TEMP_MARK = ".bertflow-temp"  # in every temp folder a stage makes: only those are ever cleaned up
-
-
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temp folder beside `final`; on success it replaces `final`, on error it goes.
@@ -72,8 +69,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     made = [p for p in final.parents if not p.exists()]  # innermost first: removed on error
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}.*-*"):  # left by a killed earlier run ...
-        if (stale / TEMP_MARK).is_file():  # ... and only those: never a user's `.raw.backup-1`
-            shutil.rmtree(stale, ignore_errors=True)
+        remove_owned(stale)  # ... and only those: never a user's `.raw.backup-1`, nor a copy
     tmp = _temp_dir(final, "tmp")
     try:
         yield tmp
@@ -83,9 +79,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
-    (tmp / TEMP_MARK).unlink()
     _usual_modes(tmp)
-    mark(tmp)
+    mark(tmp)  # the manifest first: a kill in between leaves a folder that is still marked
+    (tmp / WORK).unlink()
     replace_path(tmp, final)
 
 
@@ -98,10 +94,10 @@ def _usual_modes(folder: Path) -> None:
 
 
 def _temp_dir(final: Path, kind: str) -> Path:
-    """A new folder `.{final.name}.{kind}-XXXXXXXX` beside `final`, marked as a stage's temp."""
+    """A new folder `.{final.name}.{kind}-XXXXXXXX` beside `final`, marked as a work folder."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{kind}-", dir=final.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual mode
-    (tmp / TEMP_MARK).touch()
+    mark_work(tmp)
     return tmp
 
 
@@ -114,7 +110,7 @@ def replace_path(src: Path, dst: Path) -> None:
         old = _temp_dir(dst, "old")
         os.replace(dst, old / dst.name)
         os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_owned(old)
     else:
         os.replace(src, dst)
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from components.core.errors import DataError
-from components.core.guard import claim, mark
+from components.core.guard import WORK, claim, mark, mark_work, remove_owned
 
 _DONE = ".installed"
 
@@ -26,7 +26,7 @@ def ensure_package(spec: str, packages_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     claim(target, "paths.packages")  # a folder of that name bertflow did not make stays
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    mark(tmp)
+    mark_work(tmp)
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
            "--disable-pip-version-check", "--target", str(tmp), spec]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -35,6 +35,8 @@ def ensure_package(spec: str, packages_dir: Path) -> Path:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise DataError(f"could not install data package {spec} into {target}: {' | '.join(tail)}")
     (tmp / _DONE).write_text(spec + "\n")
-    shutil.rmtree(target, ignore_errors=True)
+    mark(tmp)  # the manifest before the work marker goes: a kill in between leaves it marked
+    (tmp / WORK).unlink()
+    remove_owned(target)  # a half-installed earlier one (no `.installed`), if bertflow's
     tmp.rename(target)
     return target
