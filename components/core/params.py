@@ -3,18 +3,25 @@ file and the key."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core.config import Broken, Params
+from components.core.config import PACKAGED_LAYERS, Broken, Params, TaskConfig
 from components.core.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type":
-            "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping"}
+            "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+            "finite_number": "a finite number (not .inf or .nan)"}
+# A teacher folder in transformers' layout: what components.model.checkpoint reads from it.
+TEACHER_FILES = ("config.json", "model.safetensors")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+LAYOUT = f"{', '.join(TEACHER_FILES)}, {' or '.join(TOKENIZER_FILES)}"
+MODERN_TYPE = "modernbert"  # config.json's model_type of a ModernBERT checkpoint
 
 
 def load_params(path: str | Path) -> Params:
@@ -23,15 +30,18 @@ def load_params(path: str | Path) -> Params:
     from components.core.guard import check_stage_outputs
 
     path = Path(path)
-    params = parse(Params, _read_yaml(path), f"{path}:")
-    check_stage_outputs(params, path.resolve().parent, f"{path}:")
+    root = path.resolve().parent
+    params = parse(Params, _read_yaml(path), f"{path}:", root)
+    check_stage_outputs(params, root, f"{path}:")
+    check_teacher(params, root, f"{path}:")
     return params
 
 
-def parse(model: type[M], data: Any, where: str) -> M:
-    """`model` from plain YAML data, every key and type checked; ConfigError names the first bad key."""
+def parse(model: type[M], data: Any, where: str, root: Path | None = None) -> M:
+    """`model` from plain YAML data, every key and type checked, path params normalized against the
+    project `root` (config.normal_path); ConfigError names the first bad key."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"root": root})
     except ValidationError as e:
         error = e.errors()[0]
         key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
@@ -49,6 +59,48 @@ def parse(model: type[M], data: Any, where: str) -> M:
         else:
             what = f"expected {EXPECTED.get(kind, kind)}, {got}"
         raise ConfigError(f"{where}{key}: {what}") from None
+
+
+def check_teacher(p: Params, root: Path, where: str) -> None:
+    """With the `distilled` start: distill.teacher is a packaged checkpoint or a checkpoint folder,
+    and distill.student_layers are layers of it (read from its config.json, no torch)."""
+    if "distilled" not in p.finetune.init:  # no stage reads the teacher
+        return
+    teacher, layers = p.distill.teacher, p.distill.student_layers
+    if teacher in PACKAGED_LAYERS:  # as components.model.packaged resolves it: the name first
+        count, model_type = PACKAGED_LAYERS[teacher], "bert"
+    else:
+        count, model_type = _checkpoint_shape(root / teacher, f"{where}distill.teacher: {teacher!r}")
+    if layers and model_type == MODERN_TYPE:  # a modern encoder's global layers follow their index
+        raise ConfigError(f"{where}distill.student_layers: {layers}: the teacher {teacher} is a ModernBERT "
+                          "encoder; only a classic one is cut (or leave student_layers empty)")
+    if layers and layers[-1] >= count:
+        raise ConfigError(f"{where}distill.student_layers: {layers}: the teacher {teacher} has {count} "
+                          f"layers (0 to {count - 1})")
+
+
+def _checkpoint_shape(folder: Path, key: str) -> tuple[int, str]:
+    """A checkpoint folder's layer count and model_type, from its config.json; ConfigError (`key`
+    first) when it is no folder, or not one in transformers' layout."""
+    if not folder.is_dir():
+        what = "a file" if folder.exists() else "missing"
+        raise ConfigError(f"{key} is not a packaged checkpoint ({', '.join(PACKAGED_LAYERS)}), nor a "
+                          f"folder ({folder} is {what})")
+    missing = [name for name in TEACHER_FILES if not (folder / name).is_file()]
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(" or ".join(TOKENIZER_FILES))
+    if missing:
+        raise ConfigError(f"{key} is not a checkpoint folder in transformers' layout ({LAYOUT}): "
+                          f"{folder} has no {', '.join(missing)}")
+    config = folder / "config.json"
+    try:
+        hf = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}: {config} is not readable JSON ({e})") from None
+    count = hf.get("num_hidden_layers") if isinstance(hf, dict) else None
+    if type(count) is not int or count < 1:
+        raise ConfigError(f"{key}: {config} has no num_hidden_layers; not a BERT config")
+    return count, str(hf.get("model_type", "bert"))
 
 
 def _known(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -99,4 +151,29 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     parent = (path.parent / str(base)).resolve()
     if parent in seen or parent == path.resolve():
         raise ConfigError(f"{path}:extends: {base} extends itself, in a cycle")
-    return merge(_read_yaml(parent, (*seen, path.resolve())), data)
+    extended = _read_yaml(parent, (*seen, path.resolve()))
+    _check_tasks_extended(data, extended, path, str(base))
+    return merge(extended, data)
+
+
+def _tasks(data: dict) -> dict:
+    """finetune.tasks of a params file's data ({} where it has none, or not as a mapping)."""
+    finetune = data.get("finetune")
+    tasks = finetune.get("tasks") if isinstance(finetune, dict) else None
+    return tasks if isinstance(tasks, dict) else {}
+
+
+def _check_tasks_extended(data: dict, extended: dict, path: Path, base: str) -> None:
+    """A file that extends `base` may change its tasks, or add whole ones (kind and source given),
+    not set keys of tasks `base` lacks: merged, such a task would be refused for a key the user
+    never wrote (a preset over a params.yaml whose tasks were renamed)."""
+    required = {k for k, f in TaskConfig.model_fields.items() if f.is_required()}
+    theirs = _tasks(extended)
+    lacking = [name for name, task in _tasks(data).items()
+               if name not in theirs and not (isinstance(task, dict) and required <= task.keys())]
+    if lacking:
+        raise ConfigError(
+            f"{path}:finetune.tasks: names {', '.join(lacking)}, which {base} does not have (its tasks: "
+            f"{', '.join(theirs) or 'none'}); the presets bertflow ships were written for its built-in "
+            f"tasks: rename each in {path.name} to one of {base}'s tasks, or add it to {base}, or give "
+            f"it {' and '.join(sorted(required))} in {path.name}")
