@@ -329,3 +329,142 @@ def test_the_distill_preset_serves_a_student_cut_from_its_teacher():
     assert base.distill.student_layers == []  # the default's student is its own encoder
     assert preset.paths.clean == base.paths.clean and preset.paths.tasks != base.paths.tasks
     assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
+
+
+def _schema_fields(model=Params, data=None, loc=()):
+    """(place in params.yaml's data, field) of every field of the schema, reached through the
+    project's params.yaml: a list or mapping of sections through its first entry."""
+    import typing
+
+    from pipeline.reference import section_in
+
+    data = yaml.safe_load((ROOT / "params.yaml").read_text()) if data is None else data
+    for name, f in model.model_fields.items():
+        inner = section_in(f.annotation)
+        if inner is None:
+            yield (*loc, name), f
+            continue
+        value, origin = data[name], typing.get_origin(f.annotation)
+        entry = (0,) if origin is list else (next(iter(value)),) if origin is dict else ()
+        assert not entry or value, f"params.yaml has no {name} entry to reach {inner.__name__}'s fields"
+        item = value[entry[0]] if entry else value
+        yield from _schema_fields(inner, item, (*loc, name, *entry))
+
+
+def _key(loc: tuple) -> str:
+    """A place in params.yaml's data as the loader names it (`finetune.lr_grid[0]`)."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _at(data, loc: tuple):
+    """The value at `loc` in plain data."""
+    for part in loc:
+        data = data[part]
+    return data
+
+
+def _put(data: dict, loc: tuple, value) -> dict:
+    """`data` with `value` at `loc`."""
+    for part in loc[:-1]:
+        data = data[part]
+    data[loc[-1]] = value
+    return data
+
+
+def _holds(hint, wanted: type) -> bool:
+    """Whether a field's type is `wanted`, or a list or mapping (Annotated or not) of it."""
+    import typing
+
+    return hint is wanted or any(_holds(a, wanted) for a in typing.get_args(hint) if a is not None)
+
+
+def test_no_float_field_of_the_schema_takes_inf_or_nan(tmp_path):
+    # One rule for every number (the Section config), walked over the schema so a new float key
+    # is covered too: a range check alone lets .inf through (`rope_base_global: .inf`).
+    import typing
+
+    floats = [(loc, f.annotation) for loc, f in _schema_fields() if _holds(f.annotation, float)]
+    found = {_key(loc) for loc, _ in floats}
+    assert {"model.rope_base_global", "distill.temperature", "distill.alpha", "finetune.lr_grid",
+            "finetune.tasks.movie-sentiment.split", "pretrain.beta2"} <= found, found
+    for loc, hint in floats:
+        origin = typing.get_origin(hint)
+        for bad in (float("inf"), float("-inf"), float("nan")):
+            data = yaml.safe_load((ROOT / "params.yaml").read_text())
+            value, at = (([bad], "[0]") if origin is list else ({"x": bad}, ".x") if origin is dict
+                         else (bad, ""))
+            _put(data, loc, value)
+            with pytest.raises(ConfigError) as err:
+                load_params(write_params(tmp_path, data))
+            assert str(err.value) == (f"{tmp_path / 'params.yaml'}:{_key(loc)}{at}: expected a finite number "
+                                      f"(not .inf or .nan), got float {bad!r}"), _key(loc)
+
+
+def test_a_path_param_reads_the_same_however_it_is_written(tmp_path):
+    # Every path-valued key has the schema's PathParam type: a trailing slash, `./` or a detour
+    # through the folder above give one form, the form dvc.yaml's deps and MLflow's tags are built
+    # from (docs/finetuning.md writes a task's folder `data/user/ner/`).
+    import typing
+
+    from components.core.config import PathParam
+
+    normalizes = typing.get_args(PathParam)[1]
+    paths = [loc for loc, f in _schema_fields() if any(m is normalizes for m in f.metadata)]
+    assert {"paths.user_data", "paths.models", "ingest.sources[0].path", "pretrain.init_from",
+            "finetune.tasks.movie-sentiment.source", "distill.teacher"} <= {_key(loc) for loc in paths}
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    wanted = {loc: _at(base, loc[:-1]).get(loc[-1]) or "data/user/probe" for loc in paths}  # empty: a path
+    for written in ("{}/", "./{}", "./{}//", "data/../{}", f"../{tmp_path.name}/{{}}", f"{tmp_path}/{{}}/"):
+        data = yaml.safe_load((ROOT / "params.yaml").read_text())
+        for loc, value in wanted.items():
+            _put(data, loc, written.format(value))
+        p = load_params(write_params(tmp_path, data)).model_dump()
+        assert {loc: _at(p, loc) for loc in paths} == wanted, written
+    # Outside the project a path stays where it points, in the same tidy form.
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["tasks"]["movie-sentiment"]["source"] = "../shared/./reviews/"
+    data["finetune"]["tasks"]["trec-6"]["source"] = "/srv/data//trec/"
+    tasks = load_params(write_params(tmp_path, data)).finetune.tasks
+    assert [tasks[n].source for n in ("movie-sentiment", "trec-6")] == ["../shared/reviews", "/srv/data/trec"]
+
+
+def test_dvc_yaml_lists_a_source_written_with_a_slash_as_one_without(tmp_path):
+    # The task's folder and the corpus as docs/finetuning.md and a shell's completion write them.
+    from pipeline.deps import generated, rewrite
+
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["tasks"]["ner"] = {"kind": "token", "source": "data/user/ner/"}
+    data["ingest"]["sources"].append({"name": "mine", "kind": "txt_dir", "path": "./data/user/corpus/"})
+    data["pretrain"]["init_from"] = f"../{tmp_path.name}/data/user/checkpoint/"
+    dvc_yaml = rewrite((ROOT / "dvc.yaml").read_text(), *generated(load_params(write_params(tmp_path, data))))
+    assert "      ner: data/user/ner\n" in dvc_yaml
+    stages = yaml.safe_load(dvc_yaml)["stages"]
+    assert "data/user/corpus" in stages["ingest"]["deps"]
+    assert "data/user/checkpoint" in stages["checkpoint"]["deps"]
+    assert not re.search(r"data/user/\S*/\n|\./data", dvc_yaml)
+
+
+def test_a_preset_over_params_with_a_renamed_task_says_which_task_and_how_to_extend_it(tmp_path):
+    # params-distill.yaml sets keys of the built-in tasks; params.yaml renamed movie-sentiment.
+    import shutil
+
+    text = (ROOT / "params.yaml").read_text()
+    assert "\n    movie-sentiment: {" in text
+    (tmp_path / "params.yaml").write_text(text.replace("\n    movie-sentiment: {", "\n    reviews: {"))
+    shutil.copy(ROOT / "params-distill.yaml", tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_params(tmp_path / "params-distill.yaml")
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'params-distill.yaml'}:finetune.tasks: names movie-sentiment, "
+                              "which params.yaml does not have (its tasks: reviews, trec-6,"), message
+    assert message.endswith("the presets bertflow ships were written for its built-in tasks: rename each "
+                            "in params-distill.yaml to one of params.yaml's tasks, or add it to "
+                            "params.yaml, or give it kind and source in params-distill.yaml"), message
+    # Either way out works: the task renamed in the preset too, or given whole there.
+    preset = (tmp_path / "params-distill.yaml").read_text()
+    (tmp_path / "params-distill.yaml").write_text(preset.replace("    movie-sentiment: {", "    reviews: {"))
+    assert load_params(tmp_path / "params-distill.yaml").finetune.tasks["reviews"].teacher_lr == 0.0001
+    (tmp_path / "params-distill.yaml").write_text(preset.replace(
+        "movie-sentiment: {teacher_lr: 0.0001}",
+        "movie-sentiment: {kind: classification, source: movie-sentiment, teacher_lr: 0.0001}"))
+    assert set(load_params(tmp_path / "params-distill.yaml").finetune.tasks) >= {"reviews", "movie-sentiment"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,7 @@ import torch
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError, DataError
+from components.core.params import load_params
 from components.data.tasks.folder import read_meta, read_split
 from components.data.tasks.prepare import prepare_task
 from components.data.tokenizer import load
@@ -30,7 +32,7 @@ from components.training.finetune import finetune_task
 from components.training.student import student_encoder
 from components.training.teacher import fit_teacher
 from components.training.transfer_set import build_transfer, corpus_rows, new_pairs
-from tests.conftest import PACKAGES, section
+from tests.conftest import PACKAGES, section, small_params, write_params
 from tests.test_finetune import _user_files
 
 TASKS = {
@@ -331,3 +333,71 @@ def test_the_distilled_start_runs_through_the_pipeline_and_its_student_is_the_se
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = run_cli("dvc", "status", cwd=repo).stdout
     assert "finetune@reviews" in status and "teacher@" not in status and "transfer_set@" not in status
+
+
+def _load_with_teacher(project, **distill):
+    """load_params of a project in `project` with the distilled start and these distill settings."""
+    return load_params(write_params(project, small_params(finetune={"init": ["distilled", "pretrained"]},
+                                                          distill=distill)))
+
+
+@pytest.mark.parametrize("teacher, expected", [
+    ("", r"distill.teacher: is empty: name a packaged checkpoint or a model folder"),
+    ("/etc", r"distill.teacher: '/etc' is not a checkpoint folder in transformers' layout \(config.json, "
+             r"model.safetensors, tokenizer.json or vocab.txt\): /etc has no config.json, model.safetensors"),
+    ("data/user/teacher/", r"distill.teacher: 'data/user/teacher' is not a packaged checkpoint "
+                           r"\(all-minilm-l6-v2\), nor a folder \(.*/data/user/teacher is missing\)"),
+    ("bert-base-uncased", r"distill.teacher: 'bert-base-uncased' is not a packaged checkpoint "
+                          r"\(all-minilm-l6-v2\), nor a folder \(.*/bert-base-uncased is missing\)"),
+    ("params.yaml", r"distill.teacher: 'params.yaml' is not a packaged checkpoint .* is a file\)"),
+])
+def test_a_teacher_that_is_no_checkpoint_is_refused_at_load(tmp_path, teacher, expected):
+    # Before ingest and pretraining run, not at the teacher stage after them.
+    with pytest.raises(ConfigError) as err:
+        _load_with_teacher(tmp_path, teacher=teacher)
+    assert re.fullmatch(f"{re.escape(str(tmp_path / 'params.yaml'))}:{expected}.*", str(err.value)), err.value
+    assert "\n" not in str(err.value)
+
+
+def test_a_student_s_layers_are_checked_against_the_teacher_at_load(tmp_path):
+    import shutil
+
+    from components.model.packaged import source_dir
+
+    with pytest.raises(ConfigError, match=re.escape("params.yaml:distill.student_layers: [0, 99]: "
+                                                    "the teacher all-minilm-l6-v2 has 6 layers (0 to 5)")):
+        _load_with_teacher(tmp_path, student_layers=[0, 99])
+    # A folder teacher: its config.json says how many layers it has (no torch at load).
+    shutil.copytree(source_dir("all-minilm-l6-v2", tmp_path, PACKAGES), tmp_path / "data" / "user" / "minilm")
+    with pytest.raises(ConfigError, match=re.escape("params.yaml:distill.student_layers: [0, 6]: "
+                                                    "the teacher data/user/minilm has 6 layers (0 to 5)")):
+        _load_with_teacher(tmp_path, teacher="./data/user/minilm/", student_layers=[0, 6])
+    p = _load_with_teacher(tmp_path, teacher="./data/user/minilm/", student_layers=[0, 5])
+    assert p.distill.teacher == "data/user/minilm"
+    (tmp_path / "data" / "user" / "minilm" / "tokenizer.json").unlink()
+    (tmp_path / "data" / "user" / "minilm" / "vocab.txt").unlink()
+    with pytest.raises(ConfigError, match=r"distill.teacher: 'data/user/minilm' is not a checkpoint folder "
+                                          r".*: .*minilm has no tokenizer.json or vocab.txt$"):
+        _load_with_teacher(tmp_path, teacher="data/user/minilm")
+    # Without the distilled start no stage reads the teacher: a folder not made yet is no error.
+    unused = small_params(distill={"teacher": "data/user/later", "student_layers": [0, 99]})
+    assert load_params(write_params(tmp_path, unused)).distill.teacher == "data/user/later"
+
+
+def test_a_modern_teacher_is_not_cut_into_a_student_and_this_is_said_at_load(tmp_path, tiny_modern_encoder):
+    with pytest.raises(ConfigError, match=re.escape(
+            f"params.yaml:distill.student_layers: [0]: the teacher {tiny_modern_encoder} is a ModernBERT "
+            "encoder; only a classic one is cut")):
+        _load_with_teacher(tmp_path, teacher=str(tiny_modern_encoder), student_layers=[0])
+    assert _load_with_teacher(tmp_path, teacher=str(tiny_modern_encoder)).distill.student_layers == []
+
+
+def test_the_loader_knows_each_packaged_checkpoint_s_layers_as_installed(tmp_path):
+    # The loader checks student_layers before anything is installed, from the schema's table.
+    from components.core.config import PACKAGED_LAYERS
+    from components.model.packaged import PACKAGED, source_dir
+
+    assert set(PACKAGED_LAYERS) == set(PACKAGED)
+    for name, layers in PACKAGED_LAYERS.items():
+        config = json.loads((source_dir(name, tmp_path, PACKAGES) / "config.json").read_text())
+        assert config["num_hidden_layers"] == layers, name
