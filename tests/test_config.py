@@ -422,10 +422,10 @@ def test_a_path_param_reads_the_same_however_it_is_written(tmp_path):
         assert {loc: _at(p, loc) for loc in paths} == wanted, written
     # Outside the project a path stays where it points, in the same tidy form.
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
-    data["finetune"]["tasks"]["movie-sentiment"]["source"] = "../shared/./reviews/"
+    data["finetune"]["tasks"]["movie-sentiment"]["source"] = "../data2/./reviews/"
     data["finetune"]["tasks"]["trec-6"]["source"] = "/srv/data//trec/"
     tasks = load_params(write_params(tmp_path, data)).finetune.tasks
-    assert [tasks[n].source for n in ("movie-sentiment", "trec-6")] == ["../shared/reviews", "/srv/data/trec"]
+    assert [tasks[n].source for n in ("movie-sentiment", "trec-6")] == ["../data2/reviews", "/srv/data/trec"]
 
 
 def test_dvc_yaml_lists_a_source_written_with_a_slash_as_one_without(tmp_path):
