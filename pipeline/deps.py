@@ -59,11 +59,11 @@ def code_deps(stage_name: str) -> list[str]:
 def source_deps(p: Params) -> dict[str, list[str]]:
     """The files and folders of yours a stage reads, as dvc.yaml lists them: ingest's sources,
     checkpoint's pretrain.init_from (a packaged corpus or checkpoint is pinned in the code)."""
-    from components.model.packaged import PACKAGED
+    from components.core.packages import CHECKPOINTS
 
     init_from = p.pretrain.init_from
     return {"ingest": [s.path for s in p.ingest.sources if s.kind != "package"],
-            "checkpoint": [init_from] if init_from and init_from not in PACKAGED else []}
+            "checkpoint": [init_from] if init_from and init_from not in CHECKPOINTS else []}
 
 
 def task_sources(p: Params) -> dict[str, str]:

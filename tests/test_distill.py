@@ -393,11 +393,10 @@ def test_a_modern_teacher_is_not_cut_into_a_student_and_this_is_said_at_load(tmp
 
 
 def test_the_loader_knows_each_packaged_checkpoint_s_layers_as_installed(tmp_path):
-    # The loader checks student_layers before anything is installed, from the schema's table.
-    from components.core.config import PACKAGED_LAYERS
-    from components.model.packaged import PACKAGED, source_dir
+    # The loader checks student_layers before anything is installed, from the table's count.
+    from components.core.packages import CHECKPOINTS
+    from components.model.packaged import source_dir
 
-    assert set(PACKAGED_LAYERS) == set(PACKAGED)
-    for name, layers in PACKAGED_LAYERS.items():
+    for name, packaged in CHECKPOINTS.items():
         config = json.loads((source_dir(name, tmp_path, PACKAGES) / "config.json").read_text())
-        assert config["num_hidden_layers"] == layers, name
+        assert config["num_hidden_layers"] == packaged.layers, name

@@ -110,12 +110,6 @@ def _normal_path(value: str, info: ValidationInfo) -> str:
 # A name that is not a path (a built-in dataset, a packaged checkpoint) is left as it is.
 PathParam = Annotated[str, AfterValidator(_normal_path)]
 
-# The checkpoints `distill.teacher` (and `pretrain.init_from`) may name instead of a folder, with
-# their layer count, which the loader checks distill.student_layers against before anything is
-# installed; components.model.packaged installs them (a test keeps the two tables one).
-PACKAGED_LAYERS = {"all-minilm-l6-v2": 6}
-
-
 class Section(BaseModel):
     """A params.yaml mapping: every key known, types strict (no `"yes"` for true)."""
     # No .inf or .nan in any number: every range rule below assumes a finite value.

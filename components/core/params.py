@@ -10,8 +10,9 @@ from typing import Any, TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core.config import PACKAGED_LAYERS, Broken, Params, TaskConfig
+from components.core.config import Broken, Params, TaskConfig
 from components.core.errors import ConfigError
+from components.core.packages import CHECKPOINTS
 
 M = TypeVar("M", bound=BaseModel)
 EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type":
@@ -67,8 +68,8 @@ def check_teacher(p: Params, root: Path, where: str) -> None:
     if "distilled" not in p.finetune.init:  # no stage reads the teacher
         return
     teacher, layers = p.distill.teacher, p.distill.student_layers
-    if teacher in PACKAGED_LAYERS:  # as components.model.packaged resolves it: the name first
-        count, model_type = PACKAGED_LAYERS[teacher], "bert"
+    if teacher in CHECKPOINTS:  # as components.model.packaged resolves it: the name first
+        count, model_type = CHECKPOINTS[teacher].layers, "bert"
     else:
         count, model_type = _checkpoint_shape(root / teacher, f"{where}distill.teacher: {teacher!r}")
     if layers and model_type == MODERN_TYPE:  # a modern encoder's global layers follow their index
@@ -84,7 +85,7 @@ def _checkpoint_shape(folder: Path, key: str) -> tuple[int, str]:
     first) when it is no folder, or not one in transformers' layout."""
     if not folder.is_dir():
         what = "a file" if folder.exists() else "missing"
-        raise ConfigError(f"{key} is not a packaged checkpoint ({', '.join(PACKAGED_LAYERS)}), nor a "
+        raise ConfigError(f"{key} is not a packaged checkpoint ({', '.join(CHECKPOINTS)}), nor a "
                           f"folder ({folder} is {what})")
     missing = [name for name in TEACHER_FILES if not (folder / name).is_file()]
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
