@@ -58,12 +58,16 @@ def code_deps(stage_name: str) -> list[str]:
 
 def source_deps(p: Params) -> dict[str, list[str]]:
     """The files and folders of yours a stage reads, as dvc.yaml lists them: ingest's sources,
-    checkpoint's pretrain.init_from (a packaged corpus or checkpoint is pinned in the code)."""
+    checkpoint's pretrain.init_from, and with the distilled start the teacher folder, which the
+    teacher stage fine-tunes and the finetune stage cuts its student from (a packaged corpus or
+    checkpoint is pinned in the code)."""
     from components.core.packages import CHECKPOINTS
 
-    init_from = p.pretrain.init_from
+    init_from, teacher = p.pretrain.init_from, p.distill.teacher
+    teacher_folder = [teacher] if "distilled" in p.finetune.init and teacher not in CHECKPOINTS else []
     return {"ingest": [s.path for s in p.ingest.sources if s.kind != "package"],
-            "checkpoint": [init_from] if init_from and init_from not in CHECKPOINTS else []}
+            "checkpoint": [init_from] if init_from and init_from not in CHECKPOINTS else [],
+            "teacher": teacher_folder, "finetune": teacher_folder}
 
 
 def task_sources(p: Params) -> dict[str, str]:

@@ -444,6 +444,26 @@ def test_dvc_yaml_lists_a_source_written_with_a_slash_as_one_without(tmp_path):
     assert not re.search(r"data/user/\S*/\n|\./data", dvc_yaml)
 
 
+def test_a_teacher_folder_is_a_dvc_dep_of_the_stages_that_read_it(tmp_path):
+    # The teacher stage fine-tunes it and the finetune stage cuts the student from it: an edit to
+    # the folder reruns both. A packaged teacher is pinned in the code, no dep.
+    from pipeline.deps import generated
+
+    teacher = tmp_path / "data" / "user" / "teacher"
+    teacher.mkdir(parents=True)
+    (teacher / "config.json").write_text('{"num_hidden_layers": 6, "model_type": "bert"}')
+    for name in ("model.safetensors", "vocab.txt"):
+        (teacher / name).write_text("")
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["init"] = ["pretrained", "distilled"]
+    data["distill"].update(teacher="data/user/teacher/", student_layers=[0, 1])
+    deps = generated(load_params(write_params(tmp_path, data)))[0]
+    assert deps["teacher"][0] == deps["finetune"][0] == "data/user/teacher"
+    data["distill"]["teacher"] = "all-minilm-l6-v2"
+    deps = generated(load_params(write_params(tmp_path, data)))[0]
+    assert all(not d.startswith("data/") for d in deps["teacher"] + deps["finetune"])
+
+
 def test_a_preset_over_params_with_a_renamed_task_says_which_task_and_how_to_extend_it(tmp_path):
     # params-distill.yaml sets keys of the built-in tasks; params.yaml renamed movie-sentiment.
     import shutil
