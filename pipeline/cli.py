@@ -39,7 +39,7 @@ def run(
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.tracking import check_store
-    from pipeline.ops.prefect_server import check_configured_api
+    from pipeline.ops.prefect_server import api_for_run
     from pipeline.presets import preset_shares
     from pipeline.stages import check_outputs_owned, plan
 
@@ -52,7 +52,7 @@ def run(
     preset_shares(params, p, until)  # a preset writing over the default run's outputs
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
-    check_configured_api()
+    api_for_run()  # a configured API that does not answer, or a temporary one slow to start
     from pipeline.flow import pipeline_flow
 
     results = pipeline_flow(str(params), until, wait)

@@ -442,3 +442,21 @@ def test_a_stage_that_fails_under_run_prints_no_traceback_of_prefects_before_its
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [f"error: {tmp_path / 'data/user/docs.jsonl'}:2: not a valid JSON line (Expecting "
                       "property name enclosed in double quotes: line 1 column 2 (char 1))"]
+
+
+def test_a_temporary_prefect_server_slow_to_start_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    # A timeout of 0 s: Prefect gives up on its temporary server before asking it once, as it
+    # does after 120 s on a machine too busy to start it.
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # the default: no API configured
+    write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    out = run_cli("bertflow", "run", "--until", "ingest", cwd=tmp_path, check=False,
+                  env={"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"})
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: Prefect's temporary API server did not answer within 0 s "
+        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS; a busy machine starts it slowly): give it "
+        "longer (export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=300), or run on the project's "
+        "Prefect server: `bertflow server start`, then export the PREFECT_API_URL it prints"]
+    assert out.stderr.rstrip().endswith(errors[0])  # nothing of Prefect's after it
+    assert not (tmp_path / "data").exists() and not (tmp_path / "mlflow.db").exists()

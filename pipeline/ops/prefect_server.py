@@ -30,6 +30,10 @@ HOST = "127.0.0.1"  # this machine only: the API has no authentication
 DEFAULT_PORT = 4200  # Prefect's own default, where its docs say the UI is
 # 17 s on a quiet 2-core machine; the first start (database migrations) on a busy one is slower.
 STARTUP_SECONDS = 180.0
+# How long `bertflow run` waits for Prefect's temporary server (pipeline/ops/env.py sets 120 s).
+STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+_OWN_SERVER = ("run on the project's Prefect server: `bertflow server start`, then export the "
+               "PREFECT_API_URL it prints")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,44 @@ def check_configured_api() -> str | None:
         raise BertflowError(f"the Prefect API at {url} (PREFECT_API_URL) does not answer: start "
                             "that server, or unset PREFECT_API_URL to run without one")
     return url
+
+
+def api_for_run() -> str:
+    """The Prefect API a `bertflow run` talks to: the configured one, checked; else Prefect's
+    temporary server, started now (see start_temporary)."""
+    return check_configured_api() or start_temporary()
+
+
+def start_temporary() -> str:
+    """Start Prefect's temporary (ephemeral) server and return its API URL. Prefect's client
+    would start it at the flow's first call, and a slow start ended there in a long traceback
+    from inside the flow engine; started here, it is one error naming the fix, and the
+    client reuses this server (one per process)."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings().server.ephemeral
+    if not settings.enabled:  # Prefect's client would refuse with a traceback
+        raise BertflowError("no Prefect API: PREFECT_API_URL is unset and Prefect's temporary "
+                            f"server is off (PREFECT_SERVER_EPHEMERAL_ENABLED); {_OWN_SERVER}")
+    server = SubprocessASGIServer()
+    try:
+        server.start()
+    except RuntimeError as e:  # a timeout, or no free port: Prefect raises nothing narrower
+        proc = server.server_process
+        code = proc.poll() if proc is not None else None
+        server.stop()  # not left starting until this process exits
+        fix = _OWN_SERVER
+        if code is not None:
+            why = f"exited with code {code} before it answered (its output is above)"
+        elif str(e).startswith("Timed out"):
+            why = (f"did not answer within {settings.startup_timeout_seconds} s "
+                   f"({STARTUP_TIMEOUT_SETTING}; a busy machine starts it slowly)")
+            fix = f"give it longer (export {STARTUP_TIMEOUT_SETTING}=300), or {_OWN_SERVER}"
+        else:
+            why = f"did not start ({str(e).splitlines()[0]})"
+        raise BertflowError(f"Prefect's temporary API server {why}: {fix}") from None
+    return server.api_url
 
 
 def scheduler_problem() -> str | None:
