@@ -58,7 +58,9 @@ def _fifo_task(root: Path) -> None:
 
 
 JSONL_SOURCE = {"sources": [{"name": "j", "kind": "jsonl", "path": "data/user/docs.jsonl"}]}
+PARQUET_SOURCE = {"sources": [{"name": "p", "kind": "parquet", "path": "data/user/docs.parquet"}]}
 CSV_TASK = {"tasks": {"mine": {"kind": "classification", "source": "data/user/t.csv"}}}
+CONLL_TASK = {"tasks": {"mine": {"kind": "token", "source": "data/user/t.conll"}}}
 CASES = {
     # name: (set the project up, the command, what its one error line says)
     "params_missing": (lambda root: None, ["stage", "ingest"], "params.yaml: params file not found"),
@@ -100,6 +102,15 @@ CASES = {
     "embed_blank_text": (_params, ["embed", "--text", "fine", "--text", ""], "--text 2 of 2: empty"),
     "task_csv_header_twice": (_write("data/user/t.csv", b"text,label,text\na,b,c\n", finetune=CSV_TASK),
                               ["stage", "task_data@mine"], "column 'text' appears more than once"),
+    "task_csv_empty": (_write("data/user/t.csv", b"", finetune=CSV_TASK), ["stage", "task_data@mine"],
+                       "t.csv: empty, not even a header line"),
+    "task_csv_short_row": (_write("data/user/t.csv", b"text,label\nfine,a\nno label\n", finetune=CSV_TASK),
+                           ["stage", "task_data@mine"], "t.csv:3 (row 2): 1 of the header's 2 fields"),
+    "task_conll_no_blank_lines": (_write("data/user/t.conll", b"Word B-PER\n" * 1200, finetune=CONLL_TASK),
+                                  ["stage", "task_data@mine"],
+                                  "t.conll:1: 1200 tokens from line 1 on without a blank line"),
+    "corpus_parquet_unreadable": (_write("data/user/docs.parquet", b"PAR1 nope", ingest=PARQUET_SOURCE),
+                                  ["stage", "ingest"], "docs.parquet: not a readable Parquet file"),
     "predict_nothing_registered": (_params, ["predict", "movie-sentiment", "--text", "fine"],
                                    "no registry here yet"),
     "predict_blank_text": (_params, ["predict", "movie-sentiment", "--text", " "], "empty or whitespace"),

@@ -63,6 +63,64 @@ def test_utf16_and_utf32_with_a_bom_are_text_not_binary(codec):
         ("Naïve café. Second line.", "ok")
 
 
+CAFE = "Caf\u00e9 au lait. Voil\u00e0 un r\u00e9sum\u00e9.\nIt said \u201chello\u201d."
+ENCODED = {
+    # name: (the file's bytes, its text as ingest must read it, counted in non_utf8_decoded)
+    "utf16.txt": (CAFE.encode("utf-16"), CAFE, 0),
+    "utf8-bom.txt": (CAFE.encode("utf-8-sig"), CAFE, 0),
+    # A UTF-8 file with one stray cp1252 byte (0x85, an ellipsis) in its second line: the rest
+    # stays as written (it was all read as cp1252: every é an Ã©).
+    "stray.txt": (CAFE.encode() + b" And more\x85", CAFE + " And more\u2026", 1),
+    "utf16.jsonl": ((json.dumps({"text": CAFE}) + "\n").encode("utf-16"), CAFE, 0),
+    "utf32be.jsonl": (codecs.BOM_UTF32_BE + (json.dumps({"text": CAFE}) + "\n").encode("utf-32-be"), CAFE, 0),
+    # Not UTF-8: read as the fallback encoding, as a .txt file is (it failed as "not a valid
+    # JSON line"); U+2028 inside a string stays (lines end at \n only).
+    "cp1252.jsonl": ((json.dumps({"text": CAFE + "\u2028"}, ensure_ascii=False) + "\n").encode("cp1252",
+                                                                                           "replace"),
+                     CAFE + "?", 1),
+    "stray.jsonl": (json.dumps({"text": CAFE}, ensure_ascii=False).encode()[:-2] + b'\x85"}\n',
+                    CAFE + "\u2026", 1),
+}
+
+
+@pytest.mark.parametrize("name", list(ENCODED))
+def test_a_corpus_file_in_another_encoding_is_read_as_its_text(tmp_path, name):
+    data, text, counted = ENCODED[name]
+    (tmp_path / name).write_bytes(data)
+    kind = "txt_dir" if name.endswith(".txt") else "jsonl"
+    stats = ingest(section(IngestConfig, sources=[SourceConfig(name="s", kind=kind, path=name)]),
+                   tmp_path, PACKAGES, tmp_path / "raw")
+    assert [r["text"] for r in _read(tmp_path / "raw")] == [text]
+    assert (stats["non_utf8_decoded"], stats["dropped"]) == (counted, {})
+
+
+CORPUS_ERRORS = {
+    # name: (the source file's content, what the one error says besides its name)
+    "bad.parquet": (b"PAR1 not Parquet at all", "bad.parquet: not a readable Parquet file"),
+    "numbers.parquet": (pa.table({"text": [1, 2]}), "numbers.parquet: row 0: column 'text' is not text"),
+    "number.jsonl": (b'{"text": 7}\n', "number.jsonl:1: field 'text' is int, not a string"),
+    "list.jsonl": (b'["text"]\n', "list.jsonl:1: no field 'text'"),
+    "binary.jsonl": (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "binary.jsonl:1: not a valid JSON line"),
+    "cut.jsonl": (codecs.BOM_UTF16_LE + '{"text": "x"}\n'.encode("utf-16-le")[:-1],
+                  "cut.jsonl: not readable as utf-16-le though it starts with its byte order mark"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORPUS_ERRORS))
+def test_an_unreadable_corpus_file_is_one_error_naming_it(tmp_path, name):
+    content, message = CORPUS_ERRORS[name]
+    if isinstance(content, pa.Table):
+        pq.write_table(content, tmp_path / name)
+    else:
+        (tmp_path / name).write_bytes(content)
+    kind = "jsonl" if name.endswith(".jsonl") else "parquet"
+    with pytest.raises(DataError) as info:
+        ingest(section(IngestConfig, sources=[SourceConfig(name="s", kind=kind, path=name)]),
+               tmp_path, PACKAGES, tmp_path / "raw")
+    assert str(info.value).startswith(f"{tmp_path}/{message}"), info.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing written, no temp folder
+
+
 def test_symlinks_in_a_user_folder_are_followed_inside_the_project_and_refused_outside(tmp_path):
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     corpus = project / "data" / "user" / "corpus"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -328,6 +329,33 @@ def _spans_all_too_long(tmp_path: Path) -> TaskConfig:
     return TaskConfig(kind="span", source="bad.jsonl", max_span_words=8)
 
 
+def _file(name: str, content: bytes | str | pa.Table, kind: str = "classification",
+          **task) -> Callable[[Path], TaskConfig]:
+    """A task reading the one file `name`, holding `content` (a table: as Parquet)."""
+    def make(tmp_path: Path) -> TaskConfig:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, pa.Table):
+            pq.write_table(content, path)
+        else:
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        return TaskConfig(kind=kind, source=name.partition("/")[0], **task)
+    return make
+
+
+def _folder(files: dict[str, str], kind: str = "classification", **task) -> Callable[[Path], TaskConfig]:
+    """A task reading the folder `bad` of `files` (name -> text)."""
+    def make(tmp_path: Path) -> TaskConfig:
+        for name, text in files.items():
+            _file(f"bad/{name}", text)(tmp_path)
+        return TaskConfig(kind=kind, source="bad", **task)
+    return make
+
+
+ROWS = "text,label\n" + "".join(f"review {i},{'ab'[i % 2]}\n" for i in range(30))
+ROW_COUNT = 31  # ROWS' lines, header included
+JSON_ROWS = [{"text": f"review {i}", "label": "ab"[i % 2]} for i in range(30)]
+CONLL_ROWS = "".join(f"Word{i} NN B-NP {'B-PER' if i % 3 else 'O'}\n\n" for i in range(30))
 ERROR_CASES = {
     # case: (make the task, text the message must contain: file, row/line, value)
     "unknown_label": (_bad_label, ["bad.csv:8 (row 7)", "'awful'", "['bad', 'good', 'meh']"]),
@@ -350,6 +378,50 @@ ERROR_CASES = {
                                                       "only by spaces or case (1 vs "]),
     "spans_all_too_long": (_spans_all_too_long, ["every entity in train is longer than "
                                                  "max_span_words (8)", "max_span_words"]),
+    # Empty, binary and broken files of each format.
+    "csv_empty_file": (_file("bad.csv", b""), ["bad.csv: empty, not even a header line", "text, label"]),
+    "csv_row_short": (_file("bad.csv", ROWS + "a review without its label\n"),
+                      [f"bad.csv:{ROW_COUNT + 1} (row {ROW_COUNT})", "1 of the header's 2 fields"]),
+    "csv_row_long": (_file("bad.csv", ROWS + "fine, really,a\n"),
+                     [f"bad.csv:{ROW_COUNT + 1} (row {ROW_COUNT})", "3 fields but the header has 2"]),
+    # The lenient reader took the rest of the file as one text, or dropped the quotes.
+    "csv_quote_left_open": (_file("bad.csv", ROWS + '"an open quote,a\n' + ROWS[11:]),
+                            [f"bad.csv:{ROW_COUNT + 1}: not readable as CSV (unexpected end of data)"]),
+    "csv_text_after_quote": (_file("bad.csv", ROWS + '"quoted" then,a\n'),
+                             [f"bad.csv:{ROW_COUNT + 1}: not readable as CSV", "written twice"]),
+    "jsonl_not_json": (_file("bad.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", \n'),
+                       ["bad.jsonl:2: not a valid JSON line"]),
+    "binary_conll": (_file("bad.conll", b"\x89PNG\r\n\x1a\n\x00\x00" * 50, "token"),
+                     ["bad.conll", "not a readable text file"]),
+    "empty_conll": (_file("bad.conll", b"", "token"), ["bad.conll", "train split is empty: 0 examples"]),
+    # Missing columns, per format (extra ones are ignored: test_extra_columns_are_ignored).
+    "jsonl_missing_column": (_file("bad.jsonl", "".join(json.dumps({"text": r["text"]}) + "\n"
+                                                        for r in JSON_ROWS)),
+                             ["bad.jsonl:1", "no column 'label'", "columns present: ['text']"]),
+    "parquet_missing_column": (_file("bad.parquet", pa.Table.from_pylist(JSON_ROWS).drop(["label"])),
+                               ["bad.parquet", "no column 'label'", "columns present: ['text']"]),
+    "parquet_text_not_text": (_file("bad.parquet", pa.table({"text": range(30), "label": ["a", "b"] * 15})),
+                              ["bad.parquet: row 0", "'text' must be text, got int 0"]),
+    "jsonl_tags_missing": (_file("bad.jsonl", json.dumps({"tokens": ["Rome"], "tag": ["B-LOC"]}) + "\n",
+                                 "token"), ["bad.jsonl:1", "no column 'tags'"]),
+    # Labels of valid or test that train never has.
+    "label_unseen_in_valid": (_folder({"train.csv": ROWS, "valid.csv": "text,label\nv,c\n",
+                                       "test.csv": "text,label\nw,a\n"}),
+                              ["bad/valid.csv:2 (row 1)", "label 'c' in valid never occurs in train",
+                               "['a', 'b']"]),
+    "entity_unseen_in_valid": (_folder({"train.txt": CONLL_TRAIN, "valid.txt": "Rome NNP B-NP B-CITY\n",
+                                        "test.txt": CONLL_TEST}, "token"),
+                               ["bad/valid.txt:1", "entity type 'CITY' in valid never occurs in train",
+                                "['LOC', 'MISC', 'ORG', 'PER']"]),
+    "tag_unseen_in_test": (_folder({"train.txt": POS["train"], "valid.txt": POS["valid"],
+                                    "test.txt": "A DET\nbig ADJ\ncat NOUN\n"}, "token"),
+                           ["bad/test.txt:1", "tag 'ADJ' in test never occurs in train"]),
+    # Broken CoNLL lines: a column too many, a blank-line structure gone.
+    "conll_extra_column": (_file("bad.conll", CONLL_ROWS + "Paris NNP B-NP B-LOC extra\n", "token"),
+                           ["bad.conll:61", "5 column(s)", "earlier lines have 4"]),
+    "conll_no_blank_lines": (_folder({"train.txt": CONLL_ROWS.replace("\n\n", "\n") * 40,
+                                      "valid.txt": CONLL_DEV, "test.txt": CONLL_TEST}, "token"),
+                             ["bad/train.txt:1: 1200 tokens from line 1 on without a blank line"]),
 }
 
 
@@ -373,6 +445,88 @@ def test_json_lines_may_hold_line_separators_inside_strings(tmp_path):
     stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.jsonl"))
     assert sum(stats["examples"].values()) == 30
     assert "\u2028" in read_split(out, "train")["text"][0].as_py()
+
+
+def _splits(out: Path) -> dict[str, list[dict]]:
+    """Every split of a prepared task, as rows."""
+    return {split: read_split(out, split).to_pylist() for split in SPLITS}
+
+
+CAFE_ROWS = "text,label\n" + "".join(f"caf\u00e9 review {i} was \u201cfine\u201d,{'ab'[i % 2]}\n"
+                                     for i in range(30))
+CAFE_CONLL = "".join(f"Caf\u00e9 B-ORG\nopened O\nin O\nP\u00e9cs{i} B-LOC\n\n" for i in range(30))
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32", "utf-8-sig"])
+@pytest.mark.parametrize(("name", "text", "kind"), [("r.csv", CAFE_ROWS, "classification"),
+                                                   ("r.conll", CAFE_CONLL, "token")], ids=["csv", "conll"])
+def test_utf16_and_utf32_task_files_with_a_bom_read_as_their_utf8_copy(tmp_path, codec, name, text, kind):
+    # Windows' "Unicode" (UTF-16 with a BOM) and UTF-8 with a BOM, as Excel and Notepad save them.
+    bom = {"utf-16-be": "\ufeff"}.get(codec, "")
+    (tmp_path / name).write_bytes((bom + text).encode(codec))
+    (tmp_path / "utf8").mkdir()
+    (tmp_path / "utf8" / name).write_text(text, encoding="utf-8")
+    stats, out = prepare(tmp_path, TaskConfig(kind=kind, source=name))
+    _, utf8 = prepare(tmp_path, TaskConfig(kind=kind, source=f"utf8/{name}"), "utf8")
+    assert _splits(out) == _splits(utf8)
+    assert stats["changed"] == {}  # decoded as what it is: nothing to count
+
+
+def test_stray_bytes_in_a_utf8_task_file_leave_the_rest_as_written(tmp_path, caplog):
+    # One row pasted from a cp1252 file (its curly quotes are bytes 0x93, 0x94): the file is
+    # not UTF-8, but only those bytes are read as cp1252; every é elsewhere stays é (not Ã©).
+    data = CAFE_ROWS.encode() + b"a \x93pasted\x94 review,b\n"
+    (tmp_path / "r.csv").write_bytes(data)
+    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.csv"))
+    texts = {row["text"] for rows in _splits(out).values() for row in rows}
+    assert texts == {f"caf\u00e9 review {i} was \u201cfine\u201d" for i in range(30)} | \
+        {"a \u201cpasted\u201d review"}
+    assert stats["changed"] == {"non_utf8_decoded_files": 1}
+    assert f"{tmp_path / 'r.csv'} is not UTF-8" in caplog.text
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_extra_columns_are_ignored(tmp_path, fmt):
+    rows = [{"id": i, **r, "note": f"n{i}"} for i, r in enumerate(JSON_ROWS)]
+    write = {"csv": write_csv, "jsonl": write_jsonl,
+             "parquet": lambda path, rows: pq.write_table(pa.Table.from_pylist(rows), path)}[fmt]
+    (tmp_path / "plain").mkdir()
+    write(tmp_path / f"r.{fmt}", rows)
+    write(tmp_path / "plain" / f"r.{fmt}", JSON_ROWS)
+    _, out = prepare(tmp_path, TaskConfig(kind="classification", source=f"r.{fmt}"))
+    _, plain = prepare(tmp_path, TaskConfig(kind="classification", source=f"plain/r.{fmt}"), "plain")
+    assert _splits(out) == _splits(plain)
+
+
+def test_a_csv_text_over_the_csv_modules_field_limit_is_read(tmp_path):
+    # A whole article in one field (the csv module's default limit: 131,072 characters).
+    article = "A long article. " * 20_000
+    (tmp_path / "r.csv").write_text(ROWS + f'"{article}",a\n')
+    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.csv"))
+    assert sum(stats["examples"].values()) == 31
+    assert article in {row["text"] for rows in _splits(out).values() for row in rows}
+
+
+CLEAN_CONLL = "".join(f"Ann{i} B-PER\nLee I-PER\nwent O\nhome O\n\n" for i in range(30))
+
+
+@pytest.mark.parametrize("variant", {
+    "crlf": CLEAN_CONLL.replace("\n", "\r\n"),
+    "blank_lines_of_spaces": CLEAN_CONLL.replace("\n\n", "\n  \t\n"),
+    "runs_of_blank_lines": "\n\n" + CLEAN_CONLL.replace("\n\n", "\n\n\n\n"),
+    "no_final_newline": CLEAN_CONLL.rstrip("\n"),
+    "docstart_lines": "-DOCSTART- O\n\n" + CLEAN_CONLL.replace("Ann10 ", "-DOCSTART- O\n\nAnn10 "),
+    "tabs": CLEAN_CONLL.replace(" ", "\t"),
+}.items(), ids=lambda v: v[0] if isinstance(v, tuple) else v)
+def test_blank_lines_written_in_other_ways_give_the_same_sentences(tmp_path, variant):
+    name, text = variant
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "r.conll").write_text(CLEAN_CONLL)
+    (tmp_path / "r.conll").write_bytes(text.encode())
+    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="r.conll"))
+    _, clean = prepare(tmp_path, TaskConfig(kind="token", source="clean/r.conll"), "clean")
+    assert sum(stats["examples"].values()) == 30
+    assert _splits(out) == _splits(clean)
 
 
 def test_entities_longer_than_the_span_limit_are_counted(tmp_path):

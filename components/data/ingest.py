@@ -7,6 +7,7 @@ Streams source by source: memory holds one shard of text.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -27,7 +28,7 @@ from components.core.io import atomic_dir, printable, shard_name, special_file
 from components.core.packages import ensure_package
 from components.core.progress import bar
 from components.data import validation
-from components.data.text import decode_bytes
+from components.data.text import decode_bytes, decode_line, wide_encoding
 
 log = logging.getLogger(__name__)
 
@@ -142,25 +143,52 @@ def _iter_packaged(source: SourceConfig, packages_dir: Path,
                 yield row["article_id"], row["text"]
 
 
-def _iter_jsonl(path: Path, source: SourceConfig) -> Iterator[tuple[str, str]]:
+def _jsonl_lines(path: Path, where: str, fallback: str, stats: IngestStats) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a JSON Lines file, read as a stream: UTF-16/32 by its BOM, else
+    UTF-8 with the bytes that are not read as the fallback encoding (the file counted once, as a
+    .txt file is). Lines end at \\n only: U+2028 may stand inside a JSON string."""
     with path.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+        if wide := wide_encoding(f.read(4)):
+            codec, bom = wide
+            f.seek(bom)
             try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise DataError(f"{path}:{lineno}: not a valid JSON line ({e})") from None
-            if not isinstance(record, dict) or source.text_field not in record:
-                raise DataError(f"{path}:{lineno}: no field '{source.text_field}'")
-            text = record[source.text_field]
-            if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno}: field '{source.text_field}' is "
-                                f"{type(text).__name__}, not a string")
-            if source.id_field and source.id_field not in record:
-                raise DataError(f"{path}:{lineno}: no field '{source.id_field}' (ingest id_field)")
-            doc_id = record.get(source.id_field) if source.id_field else None
-            yield (str(doc_id) if doc_id is not None else f"{path.name}:{lineno}"), text
+                yield from enumerate(io.TextIOWrapper(f, encoding=codec, newline="\n"), 1)
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: not readable as {codec} though it starts with its byte "
+                                f"order mark ({e.reason} at byte {e.start})") from None
+            return
+        f.seek(0)
+        counted = False
+        for lineno, raw in enumerate(f, 1):
+            line, fell_back = decode_line(raw.removeprefix(codecs.BOM_UTF8) if lineno == 1 else raw,
+                                          fallback)
+            if fell_back and not counted:
+                counted = True
+                stats.non_utf8_decoded += 1
+                log.warning("ingest: %s is not UTF-8 (first at line %d); those bytes decoded as %s",
+                            where, lineno, fallback)
+            yield lineno, line
+
+
+def _iter_jsonl(path: Path, source: SourceConfig, fallback: str,
+                stats: IngestStats) -> Iterator[tuple[str, str]]:
+    for lineno, line in _jsonl_lines(path, f"{source.name}:{printable(path.name)}", fallback, stats):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not a valid JSON line ({e})") from None
+        if not isinstance(record, dict) or source.text_field not in record:
+            raise DataError(f"{path}:{lineno}: no field '{source.text_field}'")
+        text = record[source.text_field]
+        if not isinstance(text, str):
+            raise DataError(f"{path}:{lineno}: field '{source.text_field}' is "
+                            f"{type(text).__name__}, not a string")
+        if source.id_field and source.id_field not in record:
+            raise DataError(f"{path}:{lineno}: no field '{source.id_field}' (ingest id_field)")
+        doc_id = record.get(source.id_field) if source.id_field else None
+        yield (str(doc_id) if doc_id is not None else f"{path.name}:{lineno}"), text
 
 
 def _iter_parquet(path: Path, source: SourceConfig) -> Iterator[tuple[str, str]]:
@@ -201,7 +229,7 @@ def iter_source(source: SourceConfig, root: Path, packages_dir: Path, stats: Ing
                 yield rel, text
     elif source.kind == "jsonl":
         for path in _files(base, (".jsonl", ".json"), source, root, stats):
-            yield from _iter_jsonl(path, source)
+            yield from _iter_jsonl(path, source, fallback, stats)
     else:
         for path in _files(base, (".parquet",), source, root, stats):
             yield from _iter_parquet(path, source)

@@ -30,28 +30,56 @@ def decode_bytes(data: bytes, fallback: str) -> tuple[str | None, str]:
     """Bytes -> (text, status): status is ok, fallback (not UTF-8), empty or binary."""
     if not data.strip():
         return None, "empty"
-    for bom, codec in _WIDE_BOMS:  # UTF-16/32 text is full of NUL bytes: known by its BOM
-        if data.startswith(bom):
-            try:
-                return data[len(bom):].decode(codec), "ok"
-            except UnicodeDecodeError:
-                return None, "binary"
+    if wide := wide_encoding(data):  # UTF-16/32 text is full of NUL bytes: known by its BOM
+        codec, bom = wide
+        try:
+            return data[bom:].decode(codec), "ok"
+        except UnicodeDecodeError:
+            return None, "binary"
     if b"\x00" in data:
         return None, "binary"
     try:
         text, status = data.decode("utf-8-sig"), "ok"
     except UnicodeDecodeError:
-        try:
-            text = data.decode(fallback)
-        except (UnicodeDecodeError, LookupError):
-            text = data.decode("latin-1")  # decodes any byte string
-        status = "fallback"
+        text, status = decode_line(data.removeprefix(codecs.BOM_UTF8), fallback)[0], "fallback"
     # Binary data without NUL bytes still decodes to mostly control characters.
     head = text[:65536]
     controls = sum(1 for ch in head if unicodedata.category(ch) == "Cc" and ch not in "\n\r\t")
     if controls > 0.05 * len(head):
         return None, "binary"
     return text, status
+
+
+def decode_line(raw: bytes, fallback: str) -> tuple[str, bool]:
+    """Bytes as text: UTF-8, each byte that is not UTF-8 as `fallback` (latin-1 where that fails
+    too); and whether any byte needed the fallback."""
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        # Byte by byte, not the whole text: a UTF-8 file with a few stray bytes (a cut copy, one
+        # pasted Latin-1 line) keeps the rest as written, instead of every é in it becoming Ã©.
+        return raw.decode("utf-8", errors=_fallback_errors(fallback)), True
+
+
+def _fallback_errors(fallback: str) -> str:
+    """The name of a decoding error handler that reads the bytes UTF-8 cannot as `fallback`."""
+    name = f"bertflow-fallback-{fallback}"
+    try:
+        codecs.lookup_error(name)
+    except LookupError:
+        def handle(e: UnicodeError) -> tuple[str, int]:
+            bad = e.object[e.start:e.end]
+            try:
+                return bad.decode(fallback), e.end
+            except (UnicodeDecodeError, LookupError):
+                return bad.decode("latin-1"), e.end  # decodes any byte string
+        codecs.register_error(name, handle)
+    return name
+
+
+def wide_encoding(head: bytes) -> tuple[str, int] | None:
+    """(codec, BOM length) of UTF-16/32 text starting with `head`, known by its BOM; else None."""
+    return next(((codec, len(bom)) for bom, codec in _WIDE_BOMS if head.startswith(bom)), None)
 
 
 def split_sentences(text: str) -> list[str]:

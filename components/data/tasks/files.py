@@ -28,6 +28,9 @@ from components.data.tasks.source import (
     split_all,
 )
 
+# A CSV field may be as long as the text it holds (a whole article): the file is in memory
+# already, and the csv module's default limit of 131,072 characters refused such a file.
+csv.field_size_limit(2**31 - 1)
 TABLE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
                   ".parquet": "parquet"}
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "dev": "valid", "validation": "valid",
@@ -125,10 +128,15 @@ def _missing(path: Path, columns: dict[str, str], present: list[str], where: str
 def _csv_rows(path: Path, columns: dict[str, str], changed: Counter) -> Any:
     """(where, row) of a CSV/TSV file with a header line."""
     text = read_text(path, changed)
-    reader = csv.DictReader(io.StringIO(text, newline=""),
+    # strict: a quote left open or text after a closing quote is an error; the lenient reader
+    # swallowed the rest of the file into one field, or dropped the quotes without a word.
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True,
                             delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
     try:
         present = list(reader.fieldnames or [])
+        if not present:
+            raise DataError(f"{path}: empty, not even a header line (a CSV task file starts with "
+                            f"its column names: {', '.join(columns.values())})")
         twice = sorted({c for c in present if present.count(c) > 1})
         if twice:  # DictReader would keep the last column of each name without a word
             raise DataError(f"{path}:1 (header): column {', '.join(map(repr, twice))} appears more "
@@ -139,9 +147,13 @@ def _csv_rows(path: Path, columns: dict[str, str], changed: Counter) -> Any:
             if None in row:  # more fields than the header: a quoting problem, not data
                 raise DataError(f"{where}: {len(present) + len(row[None])} fields but the header "
                                 f"has {len(present)}; quote fields that contain commas")
+            if any(row[c] is None for c in columns.values()):  # fewer: a field the task reads is gone
+                raise DataError(f"{where}: {sum(v is not None for v in row.values())} of the header's "
+                                f"{len(present)} fields; every row needs every column")
             yield where, row
-    except csv.Error as e:
-        raise DataError(f"{path}:{reader.line_num}: not readable as CSV ({e})") from None
+    except csv.Error as e:  # in the row after the last one read
+        raise DataError(f"{path}:{reader.line_num + 1}: not readable as CSV ({e}); a quoted field "
+                        'ends with a quote, and a quote inside one is written twice ("")') from None
 
 
 def _lines(text: str) -> list[str]:
@@ -195,6 +207,12 @@ def _value(value: Any, role: str, column: str, where: str) -> Any:
     return value
 
 
+# A CoNLL "sentence" longer than this is taken for blank lines gone missing (a file saved
+# without them): CoNLL-2003's longest has 124 tokens, and one of thousands would be cut to
+# max_seq_len in training, the rest of the file lost without a word.
+MAX_CONLL_TOKENS = 1000
+
+
 def read_conll(path: Path, columns: dict[str, str], ctx: Context) -> list[Example]:
     """CoNLL columns: one token per line, blank lines between sentences, -DOCSTART- skipped."""
     tok_col = _column_index(columns.get("tokens", "0"), "tokens", ctx)
@@ -205,6 +223,11 @@ def read_conll(path: Path, columns: dict[str, str], ctx: Context) -> list[Exampl
     start = width = 0
 
     def flush() -> None:
+        if len(tokens) > MAX_CONLL_TOKENS:
+            raise DataError(f"{path}:{start}: {len(tokens)} tokens from line {start} on without a "
+                            f"blank line; CoNLL files end each sentence with one (a sentence over "
+                            f"{MAX_CONLL_TOKENS} tokens is taken for missing blank lines; give longer "
+                            "examples as JSON Lines of tokens and tags)")
         if tokens:
             out.append({"tokens": tokens.copy(), "tags": tags.copy(), "_where": f"{path}:{start}",
                         "_file": str(path), "_line": start})
