@@ -460,3 +460,19 @@ def test_a_temporary_prefect_server_slow_to_start_is_one_line_naming_the_fix(tmp
         "Prefect server: `bertflow server start`, then export the PREFECT_API_URL it prints"]
     assert out.stderr.rstrip().endswith(errors[0])  # nothing of Prefect's after it
     assert not (tmp_path / "data").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_export_hf_ends_once_its_folder_is_written_and_keeps_what_it_printed(registry_project, tmp_path):
+    # Python's own way out, the teardown of the ~3,000 modules loaded (the `# cleanup[...]` lines
+    # of -v), took from seconds to minutes after the folder was complete; the command skips it.
+    # The console script itself: a forked test command never goes through that teardown.
+    out = subprocess.run([str(BIN / "bertflow"), "export-hf", "reviews", str(tmp_path / "hf")],
+                         cwd=registry_project, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONVERBOSE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == (f"{tmp_path / 'hf'}: BertForSequenceClassification with 2 labels (load "
+                          "with transformers' from_pretrained)\n")  # flushed before the exit
+    assert "# cleanup[" not in out.stderr
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        ".bertflow-owned", "config.json", "model.safetensors", "tokenizer.json"]
