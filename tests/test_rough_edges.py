@@ -476,3 +476,64 @@ def test_export_hf_ends_once_its_folder_is_written_and_keeps_what_it_printed(reg
     assert "# cleanup[" not in out.stderr
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
         ".bertflow-owned", "config.json", "model.safetensors", "tokenizer.json"]
+
+
+# Names MLflow accepts: one name per path, however a param writes it ------------------------------
+
+FORMS = {  # how a user may write a path (the first: as it is)
+    "as is": lambda path: path,
+    "trailing slash": lambda path: f"{path}/",
+    "./": lambda path: path if path.startswith("/") else f"./{path}",
+    "x/../x": lambda path: f"{path}/../{Path(path).name}",
+    "double slash": lambda path: path.replace("/", "//"),
+}
+
+
+def _path_params(obj, name: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every path param in params `obj`, in lists and mappings too."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    from components.core.config import PathParam
+
+    normalized = get_args(PathParam)[1]
+    if isinstance(obj, BaseModel):
+        return [pair for field, info in type(obj).model_fields.items() for pair in (
+            [(f"{name}{field}", getattr(obj, field))] if any(rule is normalized for rule in info.metadata)
+            else _path_params(getattr(obj, field), f"{name}{field}."))]
+    if isinstance(obj, dict | list):
+        return [pair for key, value in (obj.items() if isinstance(obj, dict) else enumerate(obj))
+                for pair in _path_params(value, f"{name}{key}.")]
+    return []
+
+
+def test_lineage_tag_and_param_names_are_one_name_per_path_however_written(tmp_path):
+    from components.core import tracking
+    from components.core.params import load_params
+
+    p = load_params(write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"})))
+    found = dict(_path_params(p))
+    assert {"paths.raw", "ingest.sources.0.path", "finetune.tasks.trec-6.source",
+            "distill.teacher"} <= set(found)
+    # Every path param's value, and folders of the user's: the issue's, and ones whose names hold
+    # characters MLflow refuses in a tag or param name.
+    paths = sorted({v for v in found.values() if v} | {"data/user/rt-fresh", "data/user/ner",
+                                                        "data/user/my reviews (2024)", "data/user/a:b"})
+    client = tracking.client(p.tracking, tmp_path)
+    recorded = {}
+    for form, write in FORMS.items():
+        names = {tracking.DEP_TAG + write(path): path for path in paths}
+        with tracking.mlflow_run(p.tracking, tmp_path, form, tags=names, key=form) as run:
+            run.set_tags(names)  # a stage's own tags, and its params, through the same names
+            run.log_params(names)
+        tracking.tag_attempt(p.tracking, tmp_path, form, names)  # the flow's lineage, afterwards
+        logged = client.get_run(run.run_id)
+        assert logged.info.status == "FINISHED", form
+        recorded[form] = ({k: v for k, v in logged.data.tags.items() if k.startswith(tracking.DEP_TAG)},
+                          logged.data.params)
+    tags, params = recorded["as is"]
+    assert all(names == (tags, params) for names in recorded.values()), recorded
+    assert tags == params and sorted(tags.values()) == paths  # no two paths became one name
+    assert tags["dvc.dep.data/user/rt-fresh"] == "data/user/rt-fresh"  # a plain path is its own name
+    assert tracking.mlflow_key("dvc.dep.data/user/a(1)") != tracking.mlflow_key("dvc.dep.data/user/a[1]")

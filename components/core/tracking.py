@@ -9,7 +9,9 @@ copied project is refused until `bertflow tracking relocate` (see components/cor
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
+import posixpath
 import signal
 import sqlite3
 import subprocess
@@ -32,6 +34,9 @@ ERROR_TAG = "bertflow.error"
 OWNER_TAG = "bertflow.owner"  # host:pid:start time of the process that opened the run
 KILLED_TAG = "bertflow.killed"
 _MAX_PARAM = 6000  # MLflow's limit on a param value
+_MAX_KEY = 250  # MLflow's limit on a param, metric or tag name (longer ones are refused, not cut)
+DEP_TAG = "dvc.dep."  # lineage: `dvc.dep.<path>` tags a stage's file or folder dep with its hash
+_PATH_KEYS = (DEP_TAG,)  # name prefixes followed by a path
 _SQLITE = "sqlite:///"
 _CHECKED: set[tuple[Path, Path]] = set()  # (store, project) pairs found to match, this process
 
@@ -143,7 +148,7 @@ class MlflowRun:
         """Log (nested) params flattened to dotted keys."""
         from mlflow.entities import Param
 
-        items = [Param(k, redact(str(v))[:_MAX_PARAM]) for k, v in sorted(flatten(params).items())]
+        items = [Param(k, redact(str(v))[:_MAX_PARAM]) for k, v in sorted(_keyed(flatten(params)).items())]
         for start in range(0, len(items), 100):  # MLflow's batch limit for params
             self.client.log_batch(self.run_id, params=items[start:start + 100])
 
@@ -155,7 +160,7 @@ class MlflowRun:
 
         now = int(time.time() * 1000)
         metrics = [
-            Metric(_metric_key(k), float(v), now, step)
+            Metric(mlflow_key(k), float(v), now, step)
             for k, v in sorted(flatten(stats).items())
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         ]
@@ -166,8 +171,8 @@ class MlflowRun:
         """Set tags (values as strings)."""
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(_metric_key(k), redact(str(v)))
-                                                 for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(str(v)))
+                                                 for k, v in _keyed(tags).items()])
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         """Upload a file or a whole folder."""
@@ -191,9 +196,33 @@ class MlflowRun:
         return version.version
 
 
-def _metric_key(key: str) -> str:
-    # MLflow keys allow alphanumerics, _ - . space / : only; `finetune@task` becomes `finetune/task`.
-    return "".join(ch if ch.isalnum() or ch in "_-. /" else "/" if ch == "@" else "_" for ch in key)
+def mlflow_key(key: str) -> str:
+    """`key` as a param, metric or tag name that MLflow accepts, one name for one path however
+    it is written. MLflow refuses a name holding other characters than alphanumerics and
+    `_-. /:`, and one that a path's normal form would change (`data/x/`, `./x`, `x/../x`).
+
+    The path after a prefix of _PATH_KEYS is put in normal form (`dvc.dep.data/x/`,
+    `dvc.dep../data/x` and `dvc.dep.data/y/../x` are `dvc.dep.data/x`); `@` becomes `/`
+    (`finetune@task`: `finetune/task`); other refused characters (`:` too, which MLflow refuses
+    on Windows) become `_`; empty and `.` parts between slashes go. A name that needed more (a
+    replaced character, a `..` part) or is too long ends in a digest of what it stood for, so
+    that two names never become one."""
+    prefix = next((p for p in _PATH_KEYS if key.startswith(p)), "")
+    if prefix:
+        key = prefix + posixpath.normpath(key[len(prefix):])
+    key = key.replace("@", "/")
+    cleaned = "".join(ch if ch.isalnum() or ch in "_-. /" else "_" for ch in key)
+    parts = cleaned.split("/")
+    name = "/".join(part for part in parts if part not in ("", ".", ".."))
+    if not name or cleaned != key or ".." in parts or cleaned.startswith("/") or len(name) > _MAX_KEY:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        name = f"{name[:_MAX_KEY - len(digest) - 1].rstrip('/')}-{digest}"
+    return name
+
+
+def _keyed(items: dict[str, Any]) -> dict[str, Any]:
+    """`items` under their MLflow names (mlflow_key)."""
+    return {mlflow_key(k): v for k, v in items.items()}
 
 
 @contextlib.contextmanager
@@ -250,13 +279,13 @@ def tag_attempt(cfg: TrackingConfig, root: Path, key: str, tags: dict[str, str])
 
     c = client(cfg, root)
     for run in c.search_runs([experiment_id(cfg, root)], f"tags.`{KEY_TAG}` = '{key}'", max_results=1):
-        c.log_batch(run.info.run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+        c.log_batch(run.info.run_id, tags=[RunTag(k, redact(str(v))) for k, v in _keyed(tags).items()])
 
 
 def _open_run(c, cfg: TrackingConfig, root: Path, name: str, parent_run_id: str | None,
               tags: dict[str, Any], key: str | None) -> MlflowRun:
     """Create the run, or reopen the one an earlier attempt with the same key made."""
-    all_tags = {k: redact(str(v)) for k, v in tags.items()}
+    all_tags = {k: redact(str(v)) for k, v in _keyed(tags).items()}
     all_tags[OWNER_TAG] = _owner()
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
