@@ -4,8 +4,10 @@ row and leaves nothing half-written, or goes on with what it dropped counted in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -190,17 +192,45 @@ def test_a_damaged_snapshot_is_set_aside_and_pretraining_starts_over(tiny_stages
     assert not path.parent.exists()  # the run's snapshots, the damaged one too, go with the export
 
 
+# ----------------------------------------------------------------------------- a full disk
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, kb: int) -> Iterator[Path]:
+    """A tmpfs of `kb` kB mounted on `folder` (made if missing), unmounted at the end; the test is
+    skipped where mounting is not permitted (it needs root, or CAP_SYS_ADMIN)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kb}k", "tmpfs", str(folder)],
+                                 capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here")
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def free_space(folder: Path, kb: int) -> None:
+    """The tmpfs on `folder` grown to `kb` kB, its files kept: the space a user frees."""
+    subprocess.run(["mount", "-o", f"remount,size={kb}k", str(folder)], check=True)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The `error:` line a failed command ended with, after checking it failed cleanly."""
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), proc.stderr[-3000:]
+    return last
+
+
 def test_a_snapshot_that_cannot_be_written_leaves_the_last_good_one_and_names_the_folder(tmp_path):
     import torch
 
     from components.training.snapshot_io import AtomicCheckpointIO
 
-    tiny = tmp_path / "tiny"
-    tiny.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
-    try:
+    with tmpfs(tmp_path / "tiny", 64) as tiny:
         io = AtomicCheckpointIO()
         io.save_checkpoint({"w": torch.zeros(4_000)}, tiny / "last.ckpt")  # 16 kB: fits
         good = (tiny / "last.ckpt").read_bytes()
@@ -209,8 +239,101 @@ def test_a_snapshot_that_cannot_be_written_leaves_the_last_good_one_and_names_th
         assert info.value.filename == str(tiny) and "No space left on device" in str(info.value)
         assert (tiny / "last.ckpt").read_bytes() == good and os.listdir(tiny) == ["last.ckpt"]
         assert torch.load(tiny / "last.ckpt")["w"].shape == (4_000,)
-    finally:
-        subprocess.run(["umount", "-l", str(tiny)], check=True)
+
+
+def _pretrain_project(stages: Path, root: Path, **pretrain) -> Path:
+    """A project holding the tokenizer and pairs of `stages`, set to pretrain TINY_PRETRAIN."""
+    import shutil
+
+    from tests.conftest import small_params, write_params
+
+    write_params(root, small_params(tracking={"uri": "sqlite:///mlflow.db"}, model={"preset": "tiny"},
+                                    pretrain={**TINY_PRETRAIN, **pretrain}))
+    for stage in ("tokenizer", "pairs"):  # what pretraining reads, as those stages wrote it
+        shutil.copytree(stages / stage, root / "data" / stage)
+    return root
+
+
+# One snapshot of TINY_PRETRAIN's model is 1.8 MB: it fits, and the next one, written beside it
+# before it is replaced (3.6 MB together), does not; anything from 1.35 to 2.7 MB a snapshot would do.
+SNAPSHOT_ROOM_KB = 2_700
+
+
+def test_a_full_disk_in_pretraining_keeps_the_last_snapshot_and_a_rerun_goes_on(tiny_stages, tmp_path):
+    import torch
+
+    from tests.conftest import run_cli
+
+    project = _pretrain_project(tiny_stages, tmp_path / "project", max_steps=6)
+    with tmpfs(project / "data" / "models" / "pretrain-snapshots", SNAPSHOT_ROOM_KB) as snapshots:
+        failed = run_cli("bertflow", "stage", "pretrain", cwd=project, check=False)
+        (run,) = [p for p in snapshots.iterdir() if p.is_dir()]  # this run's snapshots
+        assert one_error_line(failed) == ("error: No space left on device while writing a pretraining "
+                                          f"snapshot into: {run}")
+        # The snapshot of step 2 whole, none half-written beside it, no encoder exported.
+        assert not [p.name for p in run.iterdir() if p.name.startswith(".last.ckpt")]
+        assert torch.load(run / "last.ckpt", weights_only=True)["global_step"] == 2
+        assert no_output_left(project / "data" / "models" / "encoder")
+        free_space(snapshots, 16_384)
+        rerun = run_cli("bertflow", "stage", "pretrain", cwd=project)
+        assert f"pretrain: resuming from {run / 'last.ckpt'} (step 2)" in rerun.stderr
+        assert (project / "data" / "models" / "encoder" / "model.safetensors").is_file()
+        assert not run.exists()  # the export done, its snapshots go
+
+
+@pytest.mark.xfail(strict=True, reason="safetensors' save_file raises SafetensorError, not OSError, "
+                   "on a full disk: the CLI prints its traceback (components/model/folders.py, "
+                   "write_encoder; the OSError a fix raises must name the folder, as snapshot_io's does)")
+def test_a_full_disk_at_the_encoder_export_names_it_and_a_rerun_writes_it(tiny_stages, tmp_path):
+    from tests.conftest import run_cli
+
+    project = _pretrain_project(tiny_stages, tmp_path / "project", max_steps=2)
+    # The snapshots on a disk of their own, with room: only the export fills data/models.
+    with tmpfs(project / "data" / "models", 64) as models, \
+            tmpfs(models / "pretrain-snapshots", 16_384):
+        failed = run_cli("bertflow", "stage", "pretrain", cwd=project, check=False)
+        assert no_output_left(models / "encoder")
+        line = one_error_line(failed)
+        assert line.startswith("error: No space left on device") and str(models) in line, line
+        free_space(models, 16_384)
+        run_cli("bertflow", "stage", "pretrain", cwd=project)
+        assert (models / "encoder" / "model.safetensors").is_file()
+
+
+@pytest.fixture(scope="module")
+def registry_project(tmp_path_factory) -> Path:
+    """A project whose registry holds a tiny classification model `reviews`, its champion."""
+    from components.core import tracking
+    from components.core.params import load_params
+    from components.lifecycle import registry
+    from tests.conftest import small_params, write_params
+    from tests.test_serving import tiny_task_model
+
+    root = tmp_path_factory.mktemp("registry")
+    p = load_params(write_params(root, small_params(tracking={"uri": "sqlite:///mlflow.db"})))
+    model = tiny_task_model(root / "model")
+    with tracking.mlflow_run(p.tracking, root, "registry") as run:
+        registry.register_task(tracking.client(p.tracking, root), run, "reviews", "classification", model,
+                               [{"text": "a great film"}], "accuracy", 0.5, {})
+    return root
+
+
+@pytest.mark.xfail(strict=True, reason="safetensors' save_file raises SafetensorError, not OSError, "
+                   "on a full disk: export-hf prints its traceback (components/lifecycle/hf_export.py; "
+                   "the OSError a fix raises must name the folder, as snapshot_io's does)")
+def test_a_full_disk_in_export_hf_leaves_no_half_export_and_a_rerun_writes_it(registry_project,
+                                                                                        tmp_path):
+    from tests.conftest import run_cli
+
+    with tmpfs(tmp_path / "disk", 4) as disk:
+        out = disk / "hf"
+        failed = run_cli("bertflow", "export-hf", "reviews", str(out), cwd=registry_project, check=False)
+        assert os.listdir(disk) == []  # no half-written export, no temp folder beside it
+        line = one_error_line(failed)
+        assert line.startswith("error: No space left on device") and str(disk) in line, line
+        free_space(disk, 4_096)
+        run_cli("bertflow", "export-hf", "reviews", str(out), cwd=registry_project)
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
 
 
 # ------------------------------------------------------------------------------- fine-tuning
