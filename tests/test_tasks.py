@@ -498,11 +498,15 @@ def test_extra_columns_are_ignored(tmp_path, fmt):
     assert _splits(out) == _splits(plain)
 
 
-def test_a_csv_text_over_the_csv_modules_field_limit_is_read(tmp_path):
-    # A whole article in one field (the csv module's default limit: 131,072 characters).
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_text_of_a_whole_article_on_one_line_is_read(tmp_path, fmt):
+    # 320,000 characters in one field: over the csv module's default limit (131,072).
     article = "A long article. " * 20_000
-    (tmp_path / "r.csv").write_text(ROWS + f'"{article}",a\n')
-    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.csv"))
+    if fmt == "csv":
+        (tmp_path / "r.csv").write_text(ROWS + f'"{article}",a\n')
+    else:
+        write_jsonl(tmp_path / "r.jsonl", [*JSON_ROWS, {"text": article, "label": "a"}])
+    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source=f"r.{fmt}"))
     assert sum(stats["examples"].values()) == 31
     assert article in {row["text"] for rows in _splits(out).values() for row in rows}
 
