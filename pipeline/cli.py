@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,9 @@ from pipeline.cli_common import (
     mlflow_client,
     registry_client,
 )
+
+if TYPE_CHECKING:
+    from components.lifecycle.rows import Limits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
@@ -239,8 +242,8 @@ def predict(
     out: Annotated[Path | None, typer.Option(help="JSONL output (default: stdout).")] = None,
     model: Annotated[str | None, typer.Option(help="Model URI.",
                                               show_default="models:/TASK@champion")] = None,
-    trust_model: Annotated[bool, typer.Option(help="Load a --model from outside this project, or "
-                                                   "one holding pickles (loading runs their code).")] = False,
+    trust_model: Annotated[bool, typer.Option(help="Load a --model folder, or a model holding "
+                                                   "pickles (loading runs their code).")] = False,
     batch_size: Annotated[int, typer.Option(help="Rows per model call.", min=1)] = 512,
     backend: BackendOption = Backend.torch,
     params: ParamsOption = Path("params.yaml"),
@@ -249,6 +252,7 @@ def predict(
     import tempfile
 
     from components.core.errors import ConfigError
+    from components.lifecycle.rows import Limits
 
     if (file is None) == (not text):
         raise ConfigError("give --text (one or more) or --file")
@@ -257,16 +261,20 @@ def predict(
     for option, values in (("--text", text), ("--text-b", text_b)):
         if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
             raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
+    limits = Limits.from_env()  # the model's, checked here too to name where a row is
+    if batch_size > limits.max_rows:  # else the first full batch fails, late
+        raise ConfigError(f"--batch-size {batch_size}: a model call holds at most {limits.max_rows} rows "
+                          "(BERTFLOW_MAX_ROWS); give a smaller one")
     if out is not None:
         check_output(out, "--out", params)
     with tempfile.TemporaryDirectory(prefix="bertflow-predict-") as tmp:  # the model's files
         uri = _model_uri(task, model, trust_model, params)
         pyfunc = _load_pyfunc(uri, _fetch_model(uri, Path(tmp), trust_model), backend.value)
-        _predict(pyfunc, task, text, text_b, file, out, batch_size)
+        _predict(pyfunc, task, text, text_b, file, out, batch_size, limits)
 
 
 def _predict(pyfunc, task: str, text: list[str] | None, text_b: list[str] | None, file: Path | None,
-             out: Path | None, batch_size: int) -> None:
+             out: Path | None, batch_size: int, limits: Limits) -> None:
     """One JSON line per input row, to `out` (whole or not at all) or stdout."""
     import json
 
@@ -275,12 +283,14 @@ def _predict(pyfunc, task: str, text: list[str] | None, text_b: list[str] | None
     from components.core.errors import DataError
     from components.core.io import atomic_file
     from components.core.progress import bar
-    from components.lifecycle.rows import TEXTS, blank_column, read_numbered
+    from components.lifecycle.rows import TEXTS, column_problem, read_numbered, text_problem
 
-    # Blank texts are refused before the model runs, each named by where it is in the input.
-    inputs = pyfunc.metadata.get_input_schema()
-    columns = inputs.input_names() if inputs is not None else TEXTS
+    # Rows are checked before the model runs, each named by where it is in the input: MLflow's
+    # schema check would name none, and drop a text column the model does not read unsaid.
+    required, optional = _input_columns(pyfunc)
+    reads = [*required, *optional] or list(TEXTS)
     if file is None:
+        _check_text_options(required, optional, bool(text_b))
         rows = [{"text_a": a, "text_b": b} for a, b in zip(text, text_b, strict=True)] if text_b \
             else [{"text": t} for t in text]
         batches = iter([[(f"--text {i}", row) for i, row in enumerate(rows, 1)]])
@@ -293,17 +303,47 @@ def _predict(pyfunc, task: str, text: list[str] | None, text_b: list[str] | None
             sink = stack.enter_context(stack.enter_context(atomic_file(out)).open("w", encoding="utf-8"))
         for numbered in bar(batches, f"predict {task}", unit="batch"):
             for place, row in numbered:
-                if column := blank_column(row, columns):
-                    where = f"{file}, {place}" if file else place
-                    raise DataError(f"{where}: {column!r} is empty or whitespace only")
+                where = f"{file}, {place}" if file else place
+                # a CSV file's columns are its header's: the file is at fault, not a row
+                if problem := column_problem(row, required, optional, strict=False):
+                    raise DataError(f"{file if file and file.suffix.lower() == '.csv' else where}: {problem}")
+                if problem := text_problem(row, reads) or limits.text_over(row):
+                    raise DataError(f"{where}: {problem}")
             rows = [row for _, row in numbered]
-            for row, answer in zip(rows, _answers(pyfunc, pd.DataFrame(rows), file), strict=True):
+            # Only what the model reads goes in (the rest is written back as it came).
+            frame = pd.DataFrame([{c: r[c] for c in reads if c in r} for r in rows] if required or optional
+                                 else rows)
+            for row, answer in zip(rows, _answers(pyfunc, frame, file), strict=True):
                 sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
+
+
+def _input_columns(pyfunc) -> tuple[list[str], list[str]]:
+    """The required and optional input columns the model's signature names (none, if its
+    signature names none: a model not of bertflow's, whose input MLflow alone checks)."""
+    schema = pyfunc.metadata.get_input_schema()
+    if schema is None or not schema.has_input_names():
+        return [], []
+    return list(schema.required_input_names()), list(schema.optional_input_names())
+
+
+def _check_text_options(required: list[str], optional: list[str], pairs: bool) -> None:
+    """--text (with --text-b, a pair) against what the model reads, in the options' own words."""
+    from components.core.errors import ConfigError
+
+    reads = {*required, *optional}
+    if not reads:
+        return
+    if pairs and not {"text_a", "text_b"} <= reads:
+        raise ConfigError(f"--text-b: the model reads {', '.join(map(repr, [*required, *optional]))}, "
+                          "not pairs of texts: give --text alone")
+    if not pairs and "text" not in reads and {"text_a", "text_b"} <= reads:
+        raise ConfigError("the model reads pairs of texts ('text_a', 'text_b'): give a --text-b "
+                          "with each --text")
 
 
 def _model_uri(task: str, model: str | None, trust_model: bool, params: Path) -> str:
     """The model a command loads: `model`, else TASK's champion; a registry URI checked
-    against the registry, a folder from outside the project refused unless trusted."""
+    against the registry, a model folder refused unless trusted."""
     from components.lifecycle.registry import checked_uri
 
     uri = model or f"models:/{task}@champion"
@@ -332,26 +372,36 @@ def _fetch_model(uri: str, dst: Path, trust_model: bool) -> Path:
 
 
 def _check_model_folder(uri: str, root: Path) -> None:
-    """Refuse a model from outside the project: loading an MLflow pyfunc model unpickles its
-    Python object, which runs whatever code the model's author put in it. Registry and run URIs
-    resolve through the project's tracking store (params `tracking`), a folder must be inside."""
+    """Refuse a model folder, inside the project or outside: loading an MLflow model runs the
+    code it holds (its models-from-code file, a loader module, a pickle), whoever put it
+    there. Registry and run URIs resolve through the project's tracking store (params
+    `tracking`), where the registry step logged bertflow's own code; _fetch_model checks them."""
     from urllib.parse import urlparse
+
+    from components.lifecycle.registry import code_in
 
     parsed = urlparse(uri)
     if parsed.scheme in ("models", "runs", "mlflow-artifacts"):
         return
-    inside = parsed.scheme in ("", "file") and \
-        Path(parsed.path if parsed.scheme else uri).resolve().is_relative_to(root)
-    if not inside:
-        raise BertflowError(f"--model {uri} is outside this project ({root}); MLflow loads a model "
-                            "by unpickling its code, which can run anything: pass --trust-model "
-                            "if you trust who wrote it")
+    folder = Path(parsed.path if parsed.scheme else uri)
+    if parsed.scheme not in ("", "file") or not folder.resolve().is_relative_to(root):
+        raise BertflowError(f"--model {uri} is outside this project ({root}); loading a model runs "
+                            "the code it holds (models from code, a loader module, a pickle): pass "
+                            "--trust-model if you trust who wrote it")
+    if not (folder / "MLmodel").is_file():
+        raise BertflowError(f"--model {uri}: no MLflow model there (no MLmodel file); a registered "
+                            "model is models:/TASK/VERSION")
+    found = code_in(folder)
+    raise BertflowError(f"--model {uri} is a model folder, not a model of the project's registry, and "
+                        f"loading it runs the code it holds ({', '.join(found[:3])}"
+                        f"{', ...' if len(found) > 3 else ''}): pass --trust-model if you trust who "
+                        "wrote it, or give a models:/ or runs:/ URI")
 
 
 def _load_pyfunc(uri: str, local: Path, backend: str):
     """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model), on `backend`
     (through the environment, as the REST server gets it: any registered model, new or old,
-    reads it there); a model MLflow cannot load is one clear line naming it."""
+    reads it there); a model MLflow or the backend cannot load is one clear line naming it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -362,6 +412,16 @@ def _load_pyfunc(uri: str, local: Path, backend: str):
         return mlflow.pyfunc.load_model(str(local))
     except MlflowException as e:
         raise BertflowError(f"cannot load model {uri}: {e.message.splitlines()[0]}") from None
+    except BertflowError as e:
+        raise BertflowError(_named_by_uri(str(e), uri, local)) from None
+
+
+def _named_by_uri(message: str, uri: str, local: Path) -> str:
+    """`message` about a model's files, with the temporary folder it was fetched into (gone
+    when the command ends) named by the model's URI instead."""
+    if Path(uri) == local:
+        return message
+    return f"model {uri}: {message.replace(f'{local}/', '').replace(str(local), '.')}"
 
 
 def _answers(pyfunc, frame, file: Path | None) -> list[dict]:
@@ -373,7 +433,8 @@ def _answers(pyfunc, frame, file: Path | None) -> list[dict]:
         return pyfunc.predict(frame)
     except MlflowException as e:
         where = f"{file}: " if file else ""
-        raise BertflowError(f"{where}{e.message.splitlines()[0]}") from None
+        # MLflow's schema errors quote the whole batch first and their cause last
+        raise BertflowError(f"{where}{e.message.rpartition('Error: ')[2].strip().splitlines()[0]}") from None
 
 
 @app.command("export-hf")
@@ -422,8 +483,8 @@ def serve_model(
     task: Annotated[str, typer.Argument(help="The task (its registered model).")],
     model: Annotated[str | None, typer.Option(help="Model URI.",
                                               show_default="models:/TASK@champion")] = None,
-    trust_model: Annotated[bool, typer.Option(help="Serve a --model from outside this project, or "
-                                                   "one holding pickles (loading runs their code).")] = False,
+    trust_model: Annotated[bool, typer.Option(help="Serve a --model folder, or a model holding "
+                                                   "pickles (loading runs their code).")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 5000,
     workers: Annotated[int, typer.Option(help="Server processes.", min=1)] = 1,
@@ -439,14 +500,20 @@ def serve_model(
 
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
 
-    from components.lifecycle.backends import BACKEND_ENV
+    from components.lifecycle.backends import BACKEND_ENV, TASK_MODEL, check_backend
     from pipeline.ops.body_limit import MAX_BODY_ENV
     from pipeline.ops.ui import check_port, run_until_stopped
 
     uri = _model_uri(task, model, trust_model, params)
     check_port(host, port, uri)
     with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
-        env = {**os.environ, _SERVER_MODEL_PATH: str(_fetch_model(uri, Path(tmp), trust_model)),
+        local = _fetch_model(uri, Path(tmp), trust_model)
+        if (local / TASK_MODEL / "bertflow.json").is_file():  # a model bertflow saved
+            try:  # one line now, not the server's traceback when it loads the model
+                check_backend(local / TASK_MODEL, backend.value)
+            except BertflowError as e:
+                raise BertflowError(_named_by_uri(str(e), uri, local)) from None
+        env = {**os.environ, _SERVER_MODEL_PATH: str(local),
                MAX_BODY_ENV: str(int(max_body_mb * 1_000_000)), BACKEND_ENV: backend.value}
         typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
                    f"{max_body_mb:g} MB; Ctrl-C stops it)")

@@ -84,13 +84,44 @@ def test_the_pyfunc_model_turns_a_blank_text_into_a_bad_request(models, tmp_path
     assert refused.value.error_code == "INVALID_PARAMETER_VALUE"
 
 
-def test_blank_columns_are_found_where_a_model_reads_them():
-    from components.lifecycle.rows import blank_column
+def test_texts_that_are_no_text_are_found_where_a_model_reads_them():
+    from components.lifecycle.rows import text_problem
 
-    assert blank_column({"text": " "}, ["text"]) == "text"
-    assert blank_column({"text": "", "tokens": ["Jones", "spoke"]}, ["text", "tokens"]) is None
-    assert blank_column({"text": "ok", "text_b": ""}, ["text"]) is None  # not the model's input
-    assert blank_column({"text_a": "ok", "text_b": "\n"}, ["text_a", "text_b"]) == "text_b"
+    assert text_problem({"text": " "}, ["text"]) == "'text' is empty or whitespace only"
+    assert text_problem({"text": "", "tokens": ["Jones", "spoke"]}, ["text", "tokens"]) is None
+    assert text_problem({"text": "ok", "text_b": ""}, ["text"]) is None  # not the model's input
+    assert text_problem({"text_a": "ok", "text_b": "\n"}, ["text_a", "text_b"]) == \
+        "'text_b' is empty or whitespace only"
+    assert text_problem({"text": 5}, ["text"]) == "'text' must be a string, got int"
+    assert text_problem({"text": None}, ["text"]) == "'text' must be a string, got null"
+
+
+@pytest.mark.parametrize(("got", "strict", "problem"), [
+    (["text", "id"], False, None),  # carried along by `bertflow predict`
+    (["text", "id"], True, "unknown column 'id' (the model reads 'text'; the input has 'text', 'id')"),
+    (["text", "text_b"], False, "unknown column 'text_b' (the model reads 'text'; the input has 'text', "
+                                "'text_b')"),
+    (["review", "label"], False, "missing column 'text' (the model reads 'text'; the input has 'review', "
+                                 "'label')"),
+    ([], True, "missing column 'text' (the model reads 'text'; the input has none)"),
+])
+def test_input_columns_are_checked_against_the_models_signature(got, strict, problem):
+    from components.lifecycle.rows import column_problem
+
+    assert column_problem(got, ["text"], [], strict) == problem
+
+
+def test_input_columns_of_pairs_and_of_text_or_tokens():
+    from components.lifecycle.rows import column_problem
+
+    assert column_problem(["text"], ["text_a", "text_b"], [], False) == (
+        "missing columns 'text_a', 'text_b'; unknown column 'text' (the model reads 'text_a', 'text_b'; "
+        "the input has 'text')")
+    assert column_problem(["tokens"], [], ["text", "tokens"], True) is None
+    assert column_problem(["words"], [], ["text", "tokens"], True) == (
+        "missing column 'text' or 'tokens'; unknown column 'words' (the model reads 'text' or 'tokens'; "
+        "the input has 'words')")
+    assert column_problem(["anything"], [], [], True) is None  # no names: MLflow's to check
 
 
 def test_input_rows_know_their_line_or_row(tmp_path):
@@ -230,6 +261,79 @@ def test_predict_names_each_blank_text_by_where_it_is(registry_project):
     # A backend the model lacks (trained with finetune.onnx off): one line saying so.
     assert "no ONNX graph (finetune.onnx was off when it was trained)" in _fails_in_one_line(
         root, "predict", "reviews", "--backend", "onnx", "--text", "a great film")
+
+
+@pytest.mark.slow
+def test_predict_names_missing_and_unknown_columns_and_non_text_values_by_where_they_are(registry_project):
+    root = registry_project
+    files = {"nocol.csv": "review,label\nfine film,pos\n",
+             "pair.jsonl": '{"text": "good", "text_b": "bad"}\n',
+             "gap.jsonl": '{"text": "good"}\n{"txt": "a typo"}\n',
+             "number.jsonl": '{"text": "good"}\n\n{"text": 5}\n',
+             "null.jsonl": '{"text": null}\n'}
+    for name, content in files.items():
+        (root / name).write_text(content)
+    cases = {
+        ("reviews", "--file", "nocol.csv"):  # MLflow's own line quoted the batch and cut this
+            "error: nocol.csv: missing column 'text' (the model reads 'text'; the input has 'review', "
+            "'label')",
+        ("reviews", "--file", "pair.jsonl"):  # MLflow would drop text_b unread
+            "error: pair.jsonl, line 1: unknown column 'text_b' (the model reads 'text'; the input has "
+            "'text', 'text_b')",
+        ("reviews", "--file", "gap.jsonl"):
+            "error: gap.jsonl, line 2: missing column 'text' (the model reads 'text'; the input has 'txt')",
+        ("reviews", "--file", "number.jsonl"):
+            "error: number.jsonl, line 3: 'text' must be a string, got int",
+        ("reviews", "--file", "null.jsonl"): "error: null.jsonl, line 1: 'text' must be a string, got null",
+        ("same-topic", "--file", "nocol.csv"):
+            "error: nocol.csv: missing columns 'text_a', 'text_b' (the model reads 'text_a', 'text_b'; the "
+            "input has 'review', 'label')",
+        ("reviews", "--text", "good", "--text-b", "bad"):
+            "error: --text-b: the model reads 'text', not pairs of texts: give --text alone",
+        ("same-topic", "--text", "good"):
+            "error: the model reads pairs of texts ('text_a', 'text_b'): give a --text-b with each --text",
+        ("reviews", "--text", "good", "--batch-size", "1001"):
+            "error: --batch-size 1001: a model call holds at most 1000 rows (BERTFLOW_MAX_ROWS); give a "
+            "smaller one",
+    }
+    for args, expected in cases.items():
+        assert _fails_in_one_line(root, "predict", *args, "--out", "o.jsonl") == expected, args
+    assert not (root / "o.jsonl").exists()
+    # Columns no model reads are carried along, and MLflow has nothing to warn about.
+    (root / "ids.csv").write_text("id,text\n7,a great film\n")
+    proc = run_cli("bertflow", "predict", "reviews", "--file", "ids.csv", cwd=root)
+    answer = json.loads(proc.stdout)
+    assert answer["id"] == "7" and answer["label"] in TASKS["reviews"][1]
+    assert "extra inputs" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_pickled_model_in_the_projects_store_is_refused_without_trust_model(registry_project, tmp_path):
+    import mlflow
+    from mlflow.pyfunc import PythonModel
+
+    from components.core import tracking
+    from components.core.params import load_params
+
+    marker = tmp_path / "payload-ran"
+
+    class Pickled(PythonModel):  # unpickling it writes a file (it could run anything)
+        def __reduce__(self):
+            return (Path.write_text, (marker, "the payload ran"))
+
+    # (given requirements: inferring them would load the model, and run the payload, here)
+    mlflow.pyfunc.save_model(path=str(tmp_path / "pickled"), python_model=Pickled(),
+                             pip_requirements=["mlflow"])
+    p = load_params(registry_project / "params.yaml")
+    with tracking.mlflow_run(p.tracking, registry_project, "not bertflow's") as run:
+        tracking.client(p.tracking, registry_project).log_artifacts(run.run_id, str(tmp_path / "pickled"),
+                                                                    "pickled")
+    uri = f"runs:/{run.run_id}/pickled"
+    assert not marker.exists()
+    line = _fails_in_one_line(registry_project, "predict", "reviews", "--model", uri, "--text", "fine")
+    assert line.startswith(f"error: model {uri} holds what loading would unpickle (python_model.pkl"), line
+    assert line.endswith("which can run any code; pass --trust-model if you trust who wrote it")
+    assert not marker.exists()
 
 
 # Metrics: a readable default ---------------------------------------------------------------------

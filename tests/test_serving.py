@@ -109,8 +109,9 @@ def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, 
     refused = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--text",
                       "what a great film", "-p", str(params), cwd=tmp_path, check=False)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        f"error: --model {pyfunc_model} is outside this project ({tmp_path}); MLflow loads a model "
-        "by unpickling its code, which can run anything: pass --trust-model if you trust who wrote it"]
+        f"error: --model {pyfunc_model} is outside this project ({tmp_path}); loading a model runs the "
+        "code it holds (models from code, a loader module, a pickle): pass --trust-model if you trust "
+        "who wrote it"]
     proc = run_cli("bertflow", "predict", "reviews", "--model", str(pyfunc_model), "--trust-model",
                    "--text", "what a great film", "-p", str(params), cwd=tmp_path,
                    env={"PYTHONPATH": str(no_lightning)})
@@ -120,17 +121,18 @@ def test_bertflow_predict_answers_without_lightning(pyfunc_model, no_lightning, 
 
 
 @pytest.mark.slow
-def test_rest_answers_blank_text_and_requests_over_the_limits_with_400_or_413(pyfunc_model, tmp_path):
+def test_rest_answers_bad_columns_deep_nesting_blank_text_and_requests_over_the_limits_with_400_or_413(
+        pyfunc_model, tmp_path):
     import httpx
 
     from tests.test_lifecycle import _env, _free_port, _start, _stop
 
     # `bertflow serve-model`: MLflow's scoring server (`mlflow models serve` is tested in
-    # test_lifecycle and test_pipeline) behind a request-body limit, here 2,000 bytes.
+    # test_lifecycle and test_pipeline) behind a request-body limit, here 250,000 bytes.
     params = write_params(tmp_path, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
     port = _free_port()
     server = _start(["bertflow", "serve-model", "reviews", "--model", str(pyfunc_model), "--trust-model",
-                     "--port", str(port), "--max-body-mb", "0.002", "-p", str(params)], tmp_path,
+                     "--port", str(port), "--max-body-mb", "0.25", "-p", str(params)], tmp_path,
                     _env(BERTFLOW_MAX_ROWS="4", BERTFLOW_MAX_TEXT_CHARS="1000"),
                     f"http://127.0.0.1:{port}/ping", tmp_path / "serve.log")
     try:
@@ -142,26 +144,65 @@ def test_rest_answers_blank_text_and_requests_over_the_limits_with_400_or_413(py
                                 timeout=60)
             assert answer.status_code == 400, (blank, answer.text)
             assert "row 1: column 'text' is empty or whitespace only" in answer.json()["message"]
+        # Columns the model does not read are refused, not dropped unread (MLflow's default), in
+        # every input format; so is a request without the model's column.
+        for body, message in (
+                ({"dataframe_records": [{"text": "good", "text_b": "bad"}]}, "unknown column 'text_b' (the "
+                 "model reads 'text'; the input has 'text', 'text_b')"),
+                ({"dataframe_split": {"columns": ["text", "id"], "data": [["good", 7]]}},
+                 "unknown column 'id'"),
+                ({"inputs": {"text": ["good"], "text_b": ["bad"]}}, "unknown column 'text_b'"),
+                ({"dataframe_records": [{"review": "good"}]},
+                 "missing column 'text'; unknown column 'review'")):
+            answer = httpx.post(url, json=body, timeout=60)
+            assert answer.status_code == 400 and message in answer.json()["message"], (body, answer.text)
+        # Nesting past what a row needs is refused before MLflow's parser recurses into it (100,000
+        # levels overflowed the stack: a 500); brackets inside a text do not count.
+        for depth in (100_000, 33):
+            deep = b"[" * depth + b"]" * depth
+            answer = httpx.post(url, content=deep, headers={"content-type": "application/json"}, timeout=60)
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["message"] == (f"the request body's JSON nests {depth:,} levels deep; at "
+                                                "most 32 (a row of texts or tokens needs 4)")
+        brackets = httpx.post(url, json={"dataframe_records": [{"text": "[" * 500 + " a film"}]}, timeout=60)
+        assert brackets.status_code == 200, brackets.text
         # The limits whoever serves the model set: one request cannot take the server's memory.
         for records, message in (([{"text": "a great film"}] * 5, "5 rows in one call; at most 4"),
                                  ([{"text": "film " * 201}], "row 0: column 'text' holds 1,005 characters")):
             answer = httpx.post(url, json={"dataframe_records": records}, timeout=60)
             assert answer.status_code == 400 and message in answer.json()["message"], answer.text
         # A body over the limit never reaches the model: by its Content-Length, or as it arrives.
-        big = json.dumps({"dataframe_records": [{"text": "film " * 600}]}).encode()
+        big = json.dumps({"dataframe_records": [{"text": "film " * 60_000}]}).encode()
         answer = httpx.post(url, content=big, headers={"content-type": "application/json"}, timeout=60)
         assert answer.status_code == 413, answer.text
         assert answer.json()["message"].startswith(f"the request body is {len(big):,} bytes; at most "
-                                                   "2,000 bytes (bertflow serve-model --max-body-mb)")
-        chunked = httpx.post(url, content=iter([big[:1500], big[1500:]]),
+                                                   "250,000 bytes (bertflow serve-model --max-body-mb)")
+        chunked = httpx.post(url, content=iter([big[:150_000], big[150_000:]]),
                              headers={"content-type": "application/json"}, timeout=60)
-        assert chunked.status_code == 413 and "over 2,000 bytes" in chunked.json()["message"]
+        assert chunked.status_code == 413 and "over 250,000 bytes" in chunked.json()["message"]
         assert httpx.post(url, json={"dataframe_records": [{"text": "a great film"}]},
                           timeout=60).status_code == 200
     finally:
         _stop(server)
+    log = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in log and "RecursionError" not in log, log[-3000:]
 
 
+def test_json_depth_counts_brackets_outside_strings_in_linear_time():
+    import time
+
+    from pipeline.ops.body_limit import json_depth
+
+    assert json_depth(b"") == 0 and json_depth(b'"text"') == 0
+    assert json_depth(json.dumps({"dataframe_records": [{"tokens": ["[", "{{", "]"]}]}).encode()) == 4
+    assert json_depth(json.dumps({"text": 'a \\" [[[ \\\\'}).encode() + b"[[]]") == 2  # escapes
+    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+    assert json_depth(b'[["unterminated [[[[') == 2  # invalid JSON: MLflow's parser says so
+    # A string left open, with escaped quotes in it: a regex that can fail there is retried from
+    # every quote after it (quadratic: 30 s for this body).
+    started = time.monotonic()
+    assert json_depth(b'[ "' + b'a\\"' * 30_000) == 1
+    assert time.monotonic() - started < 5
 class _Payload:
     """What a pickled model can hold: unpickling it writes a file (it could run anything)."""
 
@@ -172,39 +213,79 @@ class _Payload:
         return (Path.write_text, (self.marker, "the payload ran"))
 
 
-@pytest.mark.parametrize("where", ["inside", "outside"])
-def test_a_pickled_model_is_refused_inside_the_project_as_outside(where, tmp_path, monkeypatch, capfd):
+_ECHO = ("from pathlib import Path\n"
+         "Path({marker!r}).write_text('the model ran its code')\n"
+         "class Echo:\n"
+         "    def predict(self, *args, **kwargs):\n"
+         "        return [{{'label': 'ran'}}]\n")
+RUNS = {"code": "model code model.py", "loader": "code folder code, loader_module bertflow_test_loader",
+        "pickle": "python_model.pkl, python_function flavor without model code (a pickled model)"}
+"""How a model folder runs code when MLflow loads it, and what the refusal names."""
+
+
+def _model_running_code(folder: Path, how: str, marker: Path) -> None:
+    """An MLflow model folder that, loaded, writes `marker` (it could run anything): by its
+    models-from-code file, by a loader module in its code folder, or by a pickle."""
     import pickle
 
     import yaml
 
-    from pipeline.cli import main
+    folder.mkdir(parents=True)
+    code = _ECHO.format(marker=str(marker))
+    if how == "code":
+        (folder / "model.py").write_text(code + "from mlflow.pyfunc import PythonModel\n"
+                                         "class Model(PythonModel):\n"
+                                         "    def predict(self, context, model_input, params=None):\n"
+                                         "        return Echo().predict()\n"
+                                         "import mlflow\nmlflow.models.set_model(Model())\n")
+        flavor = {"loader_module": "mlflow.pyfunc.loaders.code_model", "model_code_path": "model.py"}
+    elif how == "loader":
+        (folder / "code").mkdir()
+        (folder / "code" / "bertflow_test_loader.py").write_text(
+            code + "def _load_pyfunc(path, model_config=None):\n    return Echo()\n")
+        flavor = {"loader_module": "bertflow_test_loader", "code": "code"}
+    else:
+        (folder / "python_model.pkl").write_bytes(pickle.dumps(_Payload(marker)))
+        flavor = {"loader_module": "mlflow.pyfunc.model", "python_model": "python_model.pkl"}
+    (folder / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": flavor}}))
 
+
+@pytest.mark.slow
+def test_a_model_folder_runs_its_code_only_with_trust_model_inside_the_project_as_outside(tmp_path):
     project = tmp_path / "project"
-    params = write_params(project, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
-    model = (project / "data" / "evil") if where == "inside" else (tmp_path / "evil")
-    model.mkdir(parents=True)
-    marker = tmp_path / "payload-ran"
-    (model / "python_model.pkl").write_bytes(pickle.dumps(_Payload(marker)))
-    (model / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": {
-        "loader_module": "mlflow.pyfunc.model", "python_model": "python_model.pkl"}}}))
-    trust = [] if where == "inside" else ["--trust-model"]  # outside: past the first refusal
-    monkeypatch.setattr(sys, "argv", ["bertflow", "predict", "reviews", "--model", str(model), *trust,
-                                      "--text", "fine", "-p", str(params)])
-    with pytest.raises(SystemExit) as exited:
-        main()
-    err = capfd.readouterr().err
-    if where == "outside":  # trusted: MLflow unpickles it, and the payload runs
-        assert marker.exists()
-        return
-    assert exited.value.code == 1 and not marker.exists(), err
-    assert err.strip().splitlines()[-1] == (
-        f"error: model {model} holds what loading would unpickle (python_model.pkl, python_function "
-        "flavor without model code (a pickled model)), which can run any code; pass --trust-model "
-        "if you trust who wrote it")
+    write_params(project, small_params(tracking={"uri": "sqlite:///mlflow.db"}))
+    for how, names in RUNS.items():
+        marker = tmp_path / f"{how}-ran"
+        model = project / "data" / "user" / how  # the user's own data: files from anywhere
+        _model_running_code(model, how, marker)
+        for command in (["predict", "reviews", "--text", "fine"], ["serve-model", "reviews"]):
+            refused = run_cli("bertflow", *command, "--model", str(model), cwd=project, check=False)
+            assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+                f"error: --model {model} is a model folder, not a model of the project's registry, and "
+                f"loading it runs the code it holds ({names}): pass --trust-model if you trust who "
+                "wrote it, or give a models:/ or runs:/ URI"], refused.stderr
+        assert not marker.exists(), how
+        # Trusted, it runs: the refusal is what kept it from running.
+        run_cli("bertflow", "predict", "reviews", "--model", str(model), "--trust-model", "--text", "fine",
+                cwd=project, check=False)
+        assert marker.exists(), how
+    marker = tmp_path / "outside-ran"
+    _model_running_code(tmp_path / "elsewhere", "code", marker)
+    refused = run_cli("bertflow", "predict", "reviews", "--model", str(tmp_path / "elsewhere"), "--text",
+                      "fine", cwd=project, check=False)
+    assert refused.returncode == 1 and "is outside this project" in refused.stderr and not marker.exists()
 
 
-def test_a_model_bertflow_saved_holds_nothing_to_unpickle(pyfunc_model):
-    from components.lifecycle.registry import pickles_in
+def test_a_model_bertflow_saved_holds_nothing_to_unpickle_and_only_its_own_code(pyfunc_model, tmp_path):
+    from components.lifecycle.registry import code_in, pickles_in
 
     assert pickles_in(pyfunc_model) == []
+    assert code_in(pyfunc_model) == ["model code pyfunc_model.py", "code folder code"]
+    # Where a model comes from the project's store, only MLflow's own loaders may run.
+    unpickled = {"code": [], "loader": ["loader_module bertflow_test_loader"],
+                 "pickle": RUNS["pickle"].split(", ")}
+    for how, names in RUNS.items():
+        _model_running_code(tmp_path / how, how, tmp_path / "never")
+        assert pickles_in(tmp_path / how) == unpickled[how], how
+        assert ", ".join(code_in(tmp_path / how)) == names
+    assert not (tmp_path / "never").exists()

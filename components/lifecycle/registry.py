@@ -294,25 +294,52 @@ def checked_uri(client, uri: str) -> str:
 
 # Files whose loaders unpickle (torch.load, joblib, cloudpickle): a model of ours has none.
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib", ".pt", ".pth", ".ckpt", ".bin", ".cloudpickle")
+# MLflow's own loaders of a models-from-code model (what save_pyfunc writes): they run the
+# model's code file, and import nothing else of the folder's choosing.
+CODE_LOADERS = ("mlflow.pyfunc.loaders.code_model", "mlflow.pyfunc.model")
+
+
+def _flavors(model_dir: Path) -> dict | None:
+    """The flavors an MLflow model folder's MLmodel names (python_function's a dict, empty if
+    absent), or None if MLmodel is missing or unreadable."""
+    import yaml
+
+    try:
+        flavors = yaml.safe_load((model_dir / "MLmodel").read_text(encoding="utf-8"))["flavors"]
+        return {**flavors, "python_function": dict(flavors.get("python_function") or {})}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, UnicodeDecodeError, ValueError):
+        return None
 
 
 def pickles_in(model_dir: Path) -> list[str]:
-    """What in an MLflow model folder would be unpickled on loading: files of a pickle format,
-    or a flavor other than pyfunc's models-from-code (a pickled PythonModel, sklearn, torch...).
-    [] for a model bertflow saved: code and safetensors."""
-    import yaml
-
+    """What in an MLflow model folder would be unpickled, or run from a module it names, on
+    loading: files of a pickle format, a flavor other than pyfunc's models-from-code (a pickled
+    PythonModel, sklearn, torch...), a loader module other than MLflow's. [] for a model
+    bertflow saved: code and safetensors."""
     model_dir = Path(model_dir)
     found = [str(p.relative_to(model_dir)) for p in sorted(model_dir.rglob("*"))
              if p.suffix.lower() in PICKLE_SUFFIXES and p.is_file()]
-    try:
-        flavors = yaml.safe_load((model_dir / "MLmodel").read_text(encoding="utf-8"))["flavors"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+    flavors = _flavors(model_dir)
+    if flavors is None:
         return [*found, "MLmodel (missing or unreadable)"]
     found += [f"flavor {name}" for name in flavors if name != "python_function"]
-    if "model_code_path" not in (flavors.get("python_function") or {}):
+    pyfunc = flavors["python_function"]
+    if (loader := pyfunc.get("loader_module")) not in (None, *CODE_LOADERS):
+        found.append(f"loader_module {loader}")
+    elif "model_code_path" not in pyfunc:  # MLflow's loader then unpickles the PythonModel
         found.append("python_function flavor without model code (a pickled model)")
     return found
+
+
+def code_in(model_dir: Path) -> list[str]:
+    """What in an MLflow model folder runs when MLflow loads it: its models-from-code file, the
+    code folder it puts on sys.path, and what pickles_in finds; a model bertflow saved holds
+    the first two (its own code, copied at registration)."""
+    model_dir = Path(model_dir)
+    pyfunc = (_flavors(model_dir) or {}).get("python_function", {})
+    found = [f"model code {Path(str(pyfunc['model_code_path'])).name}"] if "model_code_path" in pyfunc else []
+    found += [f"code folder {pyfunc['code']}"] if pyfunc.get("code") else []
+    return found + pickles_in(model_dir)
 
 
 def version_uri(client, name: str, ref: str = CHAMPION) -> str:

@@ -52,10 +52,16 @@ class Limits:
             raise DataError(f"{len(rows)} rows in one call; at most {self.max_rows} "
                             "(BERTFLOW_MAX_ROWS): send them in smaller batches")
         for i, row in enumerate(rows):
-            for column in (*TEXTS, "tokens"):
-                if (size := _chars(row.get(column))) > self.max_text_chars:
-                    raise DataError(f"row {i}: column {column!r} holds {size:,} characters; at most "
-                                    f"{self.max_text_chars:,} (BERTFLOW_MAX_TEXT_CHARS)")
+            if problem := self.text_over(row):
+                raise DataError(f"row {i}: {problem}")
+
+    def text_over(self, row: dict) -> str | None:
+        """Which text of `row` is over max_text_chars, and by how much; None if none is."""
+        for column in (*TEXTS, "tokens"):
+            if (size := _chars(row.get(column))) > self.max_text_chars:
+                return (f"column {column!r} holds {size:,} characters; at most {self.max_text_chars:,} "
+                        "(BERTFLOW_MAX_TEXT_CHARS)")
+        return None
 
 
 def _chars(value: Any) -> int:
@@ -73,15 +79,47 @@ def has_tokens(row: dict) -> bool:
     return tokens is not None and not (isinstance(tokens, float) and tokens != tokens)  # NaN: absent
 
 
-def blank_column(row: dict, columns: Iterable[str]) -> str | None:
-    """The first text column of `columns` that `row` holds as an empty or whitespace-only
-    string, or None; `text` counts only where no pre-split `tokens` stand in for it."""
+def text_problem(row: dict, columns: Iterable[str]) -> str | None:
+    """Why a text column of `columns` in `row` is no text to read (not a string, or blank), or
+    None; `text` counts only where no pre-split `tokens` stand in for it."""
     for column in columns:
-        value = row.get(column)
-        if column in TEXTS and isinstance(value, str) and not value.strip() \
-                and not (column == "text" and has_tokens(row)):
-            return column
+        if column not in TEXTS or column not in row or (column == "text" and has_tokens(row)):
+            continue
+        value = row[column]
+        if not isinstance(value, str):
+            return f"{column!r} must be a string, got {'null' if value is None else type(value).__name__}"
+        if not value.strip():
+            return f"{column!r} is empty or whitespace only"
     return None
+
+
+def _names(columns: Iterable[str], joint: str = ", ") -> str:
+    """Column names quoted and joined, for a message ("none" for none)."""
+    return joint.join(map(repr, columns)) or "none"
+
+
+def column_problem(got: Iterable[str], required: list[str], optional: list[str], strict: bool) -> str | None:
+    """What is wrong with input columns `got` for a model whose signature names `required` and
+    `optional` columns, or None: the missing ones (a model of optional columns only, as token
+    and span models are, needs one of them), and the unknown ones. Unknown is, with `strict`,
+    any column the model does not read (REST answers nothing else of a row, so it would be
+    dropped unseen); else only one that a task model of another kind reads (`text_b` sent to a
+    single-text model), the rest being carried along (`bertflow predict` writes it back). A
+    model whose signature names no columns (not bertflow's) is left to MLflow's check."""
+    got = list(got)
+    if not required and not optional:
+        return None
+    reads = [*required, *optional]
+    if required:
+        missing = _names([c for c in required if c not in got]) if set(required) - set(got) else ""
+        model = _names(required) + (f", and optionally {_names(optional)}" if optional else "")
+    else:  # one of the optional columns is needed
+        missing = _names(optional, " or ") if optional and not set(optional) & set(got) else ""
+        model = _names(optional, " or ")
+    unknown = [c for c in got if c not in reads and (strict or c in (*TEXTS, "tokens"))]
+    said = ([f"missing column{'s' * (len(set(required) - set(got)) > 1)} {missing}"] if missing else []) + \
+        ([f"unknown column{'s' * (len(unknown) > 1)} {_names(unknown)}"] if unknown else [])
+    return f"{'; '.join(said)} (the model reads {model}; the input has {_names(got)})" if said else None
 
 
 def check_columns(kind: str, columns: list[str]) -> None:

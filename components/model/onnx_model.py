@@ -116,31 +116,74 @@ def quantize(src: Path, dst: Path) -> None:
                      op_types_to_quantize=["MatMul"])
 
 
+def _ort_reason(error: Exception) -> str:
+    """ONNX Runtime's own words from one of its errors, without its code number and the path
+    it repeats ("[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from P failed:Why")."""
+    return str(error).rpartition(" : ")[2].rpartition("failed:")[2].strip().rstrip(".")
+
+
+def _is_ort_error(error: Exception) -> bool:
+    """Whether `error` is one of ONNX Runtime's (its classes subclass Exception alone)."""
+    return type(error).__module__.startswith("onnxruntime")
+
+
+def open_session(path: Path):
+    """An ONNX Runtime session on the graph at `path`, as many threads as torch's path uses; a
+    file ONNX Runtime cannot read (cut short, overwritten, not a graph) is a ConfigError
+    naming it, not ONNX Runtime's traceback."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 4  # fatal only: its own log line would repeat the error raised here
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        if not _is_ort_error(e):
+            raise
+        raise ConfigError(f"{path}: not an ONNX graph ONNX Runtime can read ({_ort_reason(e)}): the "
+                          "model's files are damaged; backend torch serves it") from None
+
+
 class OnnxHead(nn.Module):
     """An ONNX Runtime session in the place of a torch head: decoding.predict calls it as one
     (inputs in, scores out as a torch tensor) and finds the CRF, if any, where a head keeps it."""
 
     def __init__(self, path: Path, crf: nn.Module | None = None):
         super().__init__()
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()  # as many as torch's path uses
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.path = Path(path)
+        self.session = open_session(self.path)
         self.crf = crf
         # What the graph reads (a modern encoder has no segment embeddings: no token_type_ids).
         self.names = [i.name for i in self.session.get_inputs()]
         self.register_buffer("device_anchor", torch.empty(0))  # inputs go to the CPU
 
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        if unknown := [n for n in self.names if n not in inputs]:  # a graph of another task kind
+            raise ConfigError(f"{self.path}: the graph reads {', '.join(unknown)}, which this model's "
+                              "inputs lack: it is not this model's graph; backend torch serves it")
         feeds = {n: inputs[n].numpy() for n in self.names}
-        return torch.from_numpy(np.asarray(self.session.run(None, feeds)[0]))
+        try:
+            return torch.from_numpy(np.asarray(self.session.run(None, feeds)[0]))
+        except Exception as e:  # a graph that loads but does not fit the model (another vocabulary)
+            if not _is_ort_error(e):
+                raise
+            raise ConfigError(f"{self.path}: ONNX Runtime failed on this graph ({_ort_reason(e)}): it "
+                              "does not fit the model; backend torch serves it") from None
 
 
 def read_check(folder: Path) -> dict | None:
     """The int8 check's record in an ONNX folder, or None if it has none."""
     path = Path(folder) / CHECK
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        check = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not the int8 check's JSON ({e})") from None
+    if not isinstance(check, dict):
+        raise ConfigError(f"{path}: not the int8 check's JSON (a {type(check).__name__}, not an object)")
+    return check
 
 
 def int8_verdict(check: dict) -> str | None:
@@ -155,17 +198,26 @@ def int8_verdict(check: dict) -> str | None:
 
 
 def onnx_file(model_dir: Path, backend: str) -> Path:
-    """The graph a backend serves from an exported task model, or a ConfigError saying why none."""
+    """The graph a backend serves from an exported task model, or a ConfigError saying why none:
+    a model trained without graphs, an int8 graph its check refused, a file gone missing."""
     folder = Path(model_dir) / ONNX_DIR
-    if not (folder / FP32).exists():
+    if not folder.is_dir():
         raise ConfigError(f"{model_dir}: no ONNX graph (finetune.onnx was off when it was trained); "
                           "backend torch serves it")
     if backend == "onnx":
+        if not (folder / FP32).is_file():
+            raise ConfigError(f"{folder / FP32}: missing (the model's ONNX folder is incomplete); "
+                              "backend torch serves it")
         return folder / FP32
-    if not (folder / INT8).exists():  # the check refused it when the model was trained: say why
-        why = (read_check(folder) or {}).get("refused") or "no int8 check was recorded"
-        raise ConfigError(f"{model_dir}: int8 refused: {why}; backend onnx (fp32) or torch serves it")
-    return folder / INT8
+    if (folder / INT8).is_file():
+        return folder / INT8
+    check = read_check(folder)
+    if check and check.get("refused"):  # the check refused it when the model was trained: say why
+        raise ConfigError(f"{model_dir}: int8 refused: {check['refused']}; backend onnx (fp32) or "
+                          "torch serves it")
+    record = f"though {CHECK} says its check passed" if check else f"and so is {CHECK}"
+    raise ConfigError(f"{folder / INT8}: missing, {record} (the model's ONNX folder is incomplete); "
+                      "backend onnx (fp32) or torch serves it")
 
 
 def _answer(kind: str, prediction):
