@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -73,16 +74,28 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     tmp = _temp_dir(final, "tmp")
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         for folder in made:  # a failed first run leaves no empty data/ behind either
             with contextlib.suppress(OSError):
                 folder.rmdir()
+        if _disk_full(e):  # the folder that filled is what the user must free or move
+            raise OSError(errno.ENOSPC, "No space left on device while writing into",
+                          str(final.parent)) from e
         raise
     _usual_modes(tmp)
     mark(tmp)  # the manifest first: a kill in between leaves a folder that is still marked
     (tmp / WORK).unlink()
     replace_path(tmp, final)
+
+
+def _disk_full(e: BaseException) -> bool:
+    """Whether `e` is a full disk that names no file: an OSError without a filename, or a
+    library's own error around one (safetensors' writer raises SafetensorError, its text holding
+    the OS message)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT) and not e.filename
+    return os.strerror(errno.ENOSPC) in str(e) or os.strerror(errno.EDQUOT) in str(e)
 
 
 def _usual_modes(folder: Path) -> None:
