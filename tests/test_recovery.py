@@ -1,22 +1,25 @@
 """Reproducibility and crash recovery on a small real project.
 
 One project is run straight through (`bertflow run`) as the reference; each of its stages rerun
-on unchanged inputs must write the same bytes. A second, identical project is killed (SIGKILL,
-the whole process group) once inside every stage, at a random point, and rerun each time: at the
-end it must hold exactly the reference's outputs, byte for byte (determinism across projects,
-and of a run resumed from what a kill left).
+on unchanged inputs must write the same bytes. A second, identical project has every stage
+killed once (SIGKILL, by its pid: the project lock's watchdog ends whatever the command started)
+at a random point, and rerun: each stage as `bertflow stage NAME` (what dvc.yaml runs), the
+registry step inside a `bertflow run`. At the end it must hold exactly the reference's outputs,
+byte for byte (determinism across projects, and of a stage rerun over what a kill left), and
+one registry version per model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import signal
-import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,21 +28,31 @@ import yaml
 from tests.conftest import BIN, POOL, make_task_project, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
-# One task: a second would run the same stage code again, and every kill costs the suite a
-# pipeline start (each `bertflow run` imports Prefect, MLflow, DVC and torch anew).
+# One task: a second would run the same stage code again.
 TASKS = {"ner": {"kind": "token", "source": "data/user/tasks/ner.conll"}}
-KILLS = 3  # stages killed besides pretraining, of the 13 a run has
 DONE = re.compile(r"stage (\S+): ran in ([\d.]+) s")
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[Path, dict[str, float]]:
-    """The project run straight through, and how long each of its stages took."""
+    """The project run straight through, and how long each of its stages took: a stage its own
+    work (`this_run.seconds` of its MLflow run), the registry step as the flow logs it."""
     repo = make_task_project(tmp_path_factory.mktemp("reference") / "project", TASKS, **POOL)
     out = run_cli("bertflow", "run", cwd=repo)
     seconds = {m[1]: float(m[2]) for m in DONE.finditer(out.stdout + out.stderr)}
     assert "pretrain" in seconds and "registry" in seconds, out.stderr[-3000:]
-    return repo, seconds
+    return repo, {**seconds, **stage_seconds(repo)}
+
+
+def stage_seconds(repo: Path) -> dict[str, float]:
+    """Each stage's own work in seconds, from the first MLflow run that ran it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id],
+                              "tags.`bertflow.status` = 'ran'", order_by=["attributes.start_time DESC"])
+    return {r.data.tags["bertflow.stage"]: r.data.metrics["this_run.seconds"] for r in runs
+            if "bertflow.stage" in r.data.tags and "this_run.seconds" in r.data.metrics}
 
 
 def outputs(repo: Path) -> dict[str, str]:
@@ -85,30 +98,41 @@ def test_every_stage_rerun_on_unchanged_inputs_writes_the_same_bytes(reference):
     assert json.loads(status) == {}, status
 
 
-def test_killed_in_any_stage_and_rerun_ends_exactly_like_a_straight_run(reference, tmp_path):
-    # Pretraining (its resume path) and KILLS other stages drawn by the seed, in pipeline order:
-    # a kill costs a whole `bertflow run` start, and across runs the seeds reach every stage.
+def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(reference, tmp_path):
+    from components.core.params import load_params
+    from pipeline import deps, versioning
+    from pipeline.stages import plan
+
     ref, seconds = reference
     seed = int(os.environ.get("BERTFLOW_KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
-    drawn = {"pretrain", *rng.sample([s for s in seconds if s != "pretrain"], KILLS)}
     repo = make_task_project(tmp_path / "project", TASKS, **POOL)
-    checkpoints = repo / "data" / "models" / "pretrain-snapshots"
-    killed, resumable = {}, False
-    for stage in [s for s in seconds if s in drawn]:
-        # The rerun first recovers whatever the previous kill left, then starts `stage`.
-        ready = (lambda: list(checkpoints.glob("*/last.ckpt"))) if stage == "pretrain" else None
-        # Pretraining: soon after its first checkpoint, before the export removes them.
-        share = rng.uniform(0.0, 0.05) if ready else rng.uniform(0.05, 0.8)
-        killed[stage] = kill_inside(repo, stage, share * seconds[stage], ready)
-        resumable = resumable or (stage == "pretrain" and bool(ready()))
-    where = f"(kill seed {seed}; killed: {killed})"
-    assert sum(killed.values()) >= len(killed) - 2, where  # fast stages (checkpoint) may end first
-    assert killed["pretrain"], where
-
-    run_cli("bertflow", "run", cwd=repo)
-    assert not list(repo.glob("data/**/.*.tmp-*")), where  # no partial output left
+    deps.write(repo / "params.yaml", repo / "dvc.yaml")  # the task's stages, as `bertflow run` adds them
+    # MLflow's store made before the kills: a kill while a fresh project's first command migrates
+    # a new mlflow.db can leave a table made and its migration unrecorded, and no rerun repairs that.
+    mlflow_store(repo)
+    snapshots = repo / "data" / "models" / "pretrain-snapshots"
+    killed: dict[str, float] = {}  # where each was killed: seconds after it started
+    resumable = False
+    for stage in plan(load_params(repo / "params.yaml")):
+        if stage == "pretrain":  # soon after its first snapshot, before the export removes them
+            ready = lambda: bool(list(snapshots.glob("*/last.ckpt")))  # noqa: E731
+            killed[stage] = kill(repo, ["stage", stage], rng, 0.05 * seconds[stage], tmp_path, ready=ready)
+            resumable = ready()
+        else:
+            killed[stage] = kill(repo, ["stage", stage], rng, 0.9 * seconds[stage], tmp_path)
+        # The rerun first recovers whatever the kill left, then writes the stage's outputs.
+        run_cli("bertflow", "stage", stage, cwd=repo)
+        versioning.commit(repo, stage)  # into dvc.lock, as the flow records a stage it ran
+    where = f"(kill seed {seed}; killed after: {killed})"
     assert resumed(repo) is resumable, where  # from the snapshot left by the kill
+    # The registry step: a whole run, every stage up to date, killed while it registers.
+    killed["registry"] = kill(repo, ["run"], rng, 0.8 * seconds["registry"], tmp_path,
+                              logged="stage registry: running")
+
+    final = run_cli("bertflow", "run", cwd=repo)
+    assert {m[1] for m in DONE.finditer(final.stderr)} <= {"registry"}, final.stderr[-3000:]  # all recorded
+    assert not list(repo.glob("data/**/.*.tmp-*")), where  # no partial output left
     assert_same_results(repo, ref)
     # Nothing was registered twice, and a registration cut short was finished: one version
     # per model, each task's its champion.
@@ -122,34 +146,85 @@ def test_killed_in_any_stage_and_rerun_ends_exactly_like_a_straight_run(referenc
         assert client.get_model_version_by_alias(name, "champion").version in (1, "1"), where
 
 
-def kill_inside(repo: Path, stage: str, delay: float, ready=None) -> bool:
-    """`bertflow run --until STAGE` (the registry step: the whole run), SIGKILLed `delay` s
-    after STAGE starts (after `ready()` holds, if given); False if it ended before the kill."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    until = [] if stage == "registry" else ["--until", stage]
-    proc = subprocess.Popen(["bertflow", "run", *until], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    started = threading.Event()
-    log: list[str] = []
+def mlflow_store(repo: Path) -> None:
+    """Make the project's MLflow store (mlflow.db), as its first command would."""
+    from mlflow.tracking import MlflowClient
 
-    def watch() -> None:
-        for line in proc.stderr:
-            log.append(line)
-            if f"stage {stage}: running" in line:
-                started.set()
+    MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}").search_experiments()
 
-    threading.Thread(target=watch, daemon=True).start()
-    deadline = time.time() + 600
-    while not started.is_set() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    assert started.is_set(), f"{stage} never started:\n{''.join(log[-40:])}"
-    while ready is not None and not ready() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(delay)
-    alive = proc.poll() is None
-    if alive:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert alive or proc.returncode == 0, f"{stage} failed before the kill:\n{''.join(log[-40:])}"
-    return alive
+
+def kill(repo: Path, args: list[str], rng: random.Random, within: float, logs: Path,
+         ready: Callable[[], bool] | None = None, logged: str = "") -> float:
+    """`bertflow ARGS`, SIGKILLed by its pid at a random point of its first `within` seconds,
+    counted from when it holds the project lock (and has logged `logged`, and `ready()` holds).
+    One that ends first ran faster than the reference: it is run again and killed within the
+    time it took (three tries). Returns the second it was killed at."""
+    for attempt in range(3):
+        delay = rng.uniform(0.05, 1.0) * within
+        command = Forked(repo, args, logs / f"{'-'.join(args)}.{attempt}.log")
+        started = command.started(logged, ready)
+        if command.kill_after(delay):
+            return delay
+        within = time.monotonic() - started
+    raise AssertionError(f"bertflow {' '.join(args)} ended before each of three kills")
+
+
+class Forked:
+    """`bertflow ARGS` in `repo`, forked by this test process's fork server as run_cli runs it
+    (a fresh interpreter's imports would cost each kill ~10 s), on a thread; stderr in `log`."""
+
+    def __init__(self, repo: Path, args: list[str], log: Path) -> None:
+        from tests.conftest import _fork_server  # the test process's one server, shared with run_cli
+
+        self.server, self.repo, self.log = _fork_server(), repo, log
+        self.code: int | None = None
+        self.process = None  # a psutil.Process once known: a pid reused later is not it
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+        self.thread = threading.Thread(target=self._run, args=(args, env), daemon=True)
+        self.thread.start()
+
+    def _run(self, args: list[str], env: dict[str, str]) -> None:
+        self.code = self.server.run(args, self.repo.resolve(), env, self.log.with_suffix(".out"), self.log)
+
+    def started(self, logged: str = "", ready: Callable[[], bool] | None = None) -> float:
+        """When the command held the project lock, had logged `logged` and `ready()` held (as
+        time.monotonic()); its process is known from then on, unless it had ended."""
+        import psutil
+
+        from pipeline.ops.lock import holder, lock_path
+
+        server = psutil.Process(self.server.proc.pid)
+        deadline = time.monotonic() + 600
+        while self.process is None and self.thread.is_alive() and time.monotonic() < deadline:
+            pid = holder(self.repo)[0] if lock_path(self.repo).exists() else ""
+            # the lock's note names it, and the fork server started it (not an earlier holder)
+            mine = [p for p in server.children() if str(p.pid) == pid]
+            if mine:
+                self.process = mine[0]
+            else:
+                time.sleep(0.02)
+        while self.thread.is_alive() and time.monotonic() < deadline and not (
+                logged in self.stderr() and (ready is None or ready())):
+            time.sleep(0.01)
+        assert self.process is not None or self.code == 0, f"never started:\n{self.tail()}"
+        return time.monotonic()
+
+    def kill_after(self, delay: float) -> bool:
+        """SIGKILL the command `delay` s from now; False if it had ended by then."""
+        import psutil
+
+        time.sleep(delay)
+        if self.process is not None and self.thread.is_alive():
+            with contextlib.suppress(psutil.NoSuchProcess):  # it has just ended
+                self.process.send_signal(signal.SIGKILL)
+        self.thread.join()
+        assert self.code in (0, -signal.SIGKILL), f"exit code {self.code}:\n{self.tail()}"
+        return self.code == -signal.SIGKILL
+
+    def stderr(self) -> str:
+        """The command's stderr so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self) -> str:
+        """The end of the command's stderr, for a failure's message."""
+        return self.stderr()[-3000:]
