@@ -28,7 +28,7 @@ from components.core.io import atomic_dir, printable, shard_name, special_file
 from components.core.packages import ensure_package
 from components.core.progress import bar
 from components.data import validation
-from components.data.text import decode_bytes, decode_line, wide_encoding
+from components.data.text import decode_bytes, utf8_or_fallback, wide_encoding
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _jsonl_lines(path: Path, where: str, fallback: str, stats: IngestStats) -> I
         f.seek(0)
         counted = False
         for lineno, raw in enumerate(f, 1):
-            line, fell_back = decode_line(raw.removeprefix(codecs.BOM_UTF8) if lineno == 1 else raw,
+            line, fell_back = utf8_or_fallback(raw.removeprefix(codecs.BOM_UTF8) if lineno == 1 else raw,
                                           fallback)
             if fell_back and not counted:
                 counted = True

@@ -41,7 +41,7 @@ def decode_bytes(data: bytes, fallback: str) -> tuple[str | None, str]:
     try:
         text, status = data.decode("utf-8-sig"), "ok"
     except UnicodeDecodeError:
-        text, status = decode_line(data.removeprefix(codecs.BOM_UTF8), fallback)[0], "fallback"
+        text, status = utf8_or_fallback(data.removeprefix(codecs.BOM_UTF8), fallback)[0], "fallback"
     # Binary data without NUL bytes still decodes to mostly control characters.
     head = text[:65536]
     controls = sum(1 for ch in head if unicodedata.category(ch) == "Cc" and ch not in "\n\r\t")
@@ -50,7 +50,7 @@ def decode_bytes(data: bytes, fallback: str) -> tuple[str | None, str]:
     return text, status
 
 
-def decode_line(raw: bytes, fallback: str) -> tuple[str, bool]:
+def utf8_or_fallback(raw: bytes, fallback: str) -> tuple[str, bool]:
     """Bytes as text: UTF-8, each byte that is not UTF-8 as `fallback` (latin-1 where that fails
     too); and whether any byte needed the fallback."""
     try:
