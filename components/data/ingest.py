@@ -161,7 +161,7 @@ def _jsonl_lines(path: Path, where: str, fallback: str, stats: IngestStats) -> I
         counted = False
         for lineno, raw in enumerate(f, 1):
             line, fell_back = utf8_or_fallback(raw.removeprefix(codecs.BOM_UTF8) if lineno == 1 else raw,
-                                          fallback)
+                                               fallback)
             if fell_back and not counted:
                 counted = True
                 stats.non_utf8_decoded += 1
