@@ -282,19 +282,18 @@ def test_predict_and_serve_model_on_onnx_give_one_error_line_for_bad_input_and_d
         assert proc.returncode == 1 and len(lines) == 1, (args, proc.stderr)
         return lines[0]
 
-    for backend in ("onnx", "onnx-int8"):
-        ok = run_cli("bertflow", "predict", "reviews", *trusted, "--backend", backend, "--text", "a film",
-                     cwd=project)
-        assert json.loads(ok.stdout)["label"] in ("negative", "positive")
-        cases = {("--file", "nocol.csv"): "error: nocol.csv: missing column 'text' (the model reads 'text'; "
-                                          "the input has 'review')",
-                 ("--file", "pair.jsonl"): "error: pair.jsonl, line 1: unknown column 'text_b' (the model "
-                                           "reads 'text'; the input has 'text', 'text_b')",
-                 ("--file", "long.jsonl"): "error: long.jsonl, line 2: column 'text' holds 20 characters; at "
-                                           "most 10 (BERTFLOW_MAX_TEXT_CHARS)",
-                 ("--text", " "): "error: --text 1 of 1: empty or whitespace-only text"}
-        for args, expected in cases.items():
-            assert one_line("predict", "reviews", *trusted, "--backend", backend, *args) == expected
+    # The input is checked as on torch (each backend's rows are tested above, in-process).
+    ok = run_cli("bertflow", "predict", "reviews", *trusted, "--backend", "onnx-int8", "--text", "a film",
+                 cwd=project)
+    assert json.loads(ok.stdout)["label"] in ("negative", "positive")
+    cases = {"nocol.csv": "error: nocol.csv: missing column 'text' (the model reads 'text'; the input has "
+                          "'review')",
+             "pair.jsonl": "error: pair.jsonl, line 1: unknown column 'text_b' (the model reads 'text'; the "
+                           "input has 'text', 'text_b')",
+             "long.jsonl": "error: long.jsonl, line 2: column 'text' holds 20 characters; at most 10 "
+                           "(BERTFLOW_MAX_TEXT_CHARS)"}
+    for name, expected in cases.items():
+        assert one_line("predict", "reviews", *trusted, "--backend", "onnx-int8", "--file", name) == expected
     # A damaged graph: `predict` and `serve-model` say so in one line; no server starts.
     graph = model / "artifacts" / "model" / ONNX_DIR / INT8
     graph.write_text("not a graph\n")

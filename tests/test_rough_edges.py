@@ -258,9 +258,11 @@ def test_predict_names_each_blank_text_by_where_it_is(registry_project):
         "error: dup.csv: the header names 'text' more than once"
     answers = run_cli("bertflow", "predict", "reviews", "--text", "a great film", cwd=root).stdout
     assert json.loads(answers)["label"] in TASKS["reviews"][1]
-    # A backend the model lacks (trained with finetune.onnx off): one line saying so.
-    assert "no ONNX graph (finetune.onnx was off when it was trained)" in _fails_in_one_line(
-        root, "predict", "reviews", "--backend", "onnx", "--text", "a great film")
+    # A backend the model lacks (trained with finetune.onnx off): one line saying so, naming the
+    # model by its URI (not the temporary folder it was fetched into, gone when the command ends).
+    assert _fails_in_one_line(root, "predict", "reviews", "--backend", "onnx", "--text", "a great film") == (
+        "error: model models:/reviews@champion: artifacts/model: no ONNX graph (finetune.onnx was off when "
+        "it was trained); backend torch serves it")
 
 
 @pytest.mark.slow
