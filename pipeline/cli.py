@@ -434,7 +434,8 @@ def _answers(pyfunc, frame, file: Path | None) -> list[dict]:
     except MlflowException as e:
         where = f"{file}: " if file else ""
         # MLflow's schema errors quote the whole batch first and their cause last
-        raise BertflowError(f"{where}{e.message.rpartition('Error: ')[2].strip().splitlines()[0]}") from None
+        cause = e.message.rpartition("Error: ")[2].strip() or e.message.strip()
+        raise BertflowError(f"{where}{(cause.splitlines() or ['the model refused the input'])[0]}") from None
 
 
 @app.command("export-hf")
