@@ -129,11 +129,21 @@ CATALOGUE = {
 @pytest.mark.parametrize("case", list(CATALOGUE))
 def test_the_catalogue_of_lost_data_now_refuses_and_loses_nothing(case, tmp_path, monkeypatch, capfd):
     sections, argv, message = CATALOGUE[case]
+    _assert_refused(tmp_path, sections, argv, message if isinstance(message, tuple) else (message,),
+                    lambda mine: None, monkeypatch, capfd)
+
+
+def _assert_refused(tmp_path: Path, sections: dict, argv: list[str], messages: tuple[str, ...],
+                    setup, monkeypatch, capfd) -> None:
+    """`bertflow ARGV` in a project whose data/mine holds a file of the user's (then `setup(mine)`)
+    ends in one error line holding each of `messages`, exit 1, every file unchanged."""
     root = tmp_path / "project"
     root.mkdir()
     params = _project(root, **sections)
-    (root / "data" / "mine").mkdir()
-    (root / "data" / "mine" / "precious.txt").write_text("203 files of mine\n")
+    mine = root / "data" / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("203 files of mine\n")
+    setup(mine)
     before = _everything(root)
     monkeypatch.chdir(root)
     monkeypatch.setattr(sys, "argv", ["bertflow", *argv, "-p", str(params)])
@@ -142,8 +152,7 @@ def test_the_catalogue_of_lost_data_now_refuses_and_loses_nothing(case, tmp_path
     err = capfd.readouterr().err
     assert exited.value.code == 1, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("error: ") and all(m in err for m in (message if isinstance(message, tuple)
-                                                                  else (message,))), err
+    assert err.startswith("error: ") and all(m in err for m in messages), err
     assert _everything(root) == before
 
 
@@ -229,25 +238,9 @@ WRITERS = {  # a stage output (by `bertflow stage` and by `bertflow run`) and an
 @pytest.mark.parametrize("how", list(YOURS))
 def test_a_folder_of_yours_carrying_a_marker_is_refused_and_loses_nothing(how, writer, tmp_path, monkeypatch,
                                                                           capfd):
-    root = tmp_path / "project"
-    root.mkdir()
     sections, argv = WRITERS[writer]
-    params = _project(root, **sections)
-    mine = root / "data" / "mine"
-    mine.mkdir()
-    (mine / "precious.txt").write_text("203 files of mine\n")
     setup, message = YOURS[how]
-    setup(mine)
-    before = _everything(root)
-    monkeypatch.chdir(root)
-    monkeypatch.setattr(sys, "argv", ["bertflow", *argv, "-p", str(params)])
-    with pytest.raises(SystemExit) as exited:
-        main()
-    err = capfd.readouterr().err
-    assert exited.value.code == 1, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("error: ") and "data/mine" in err and message in err, err
-    assert _everything(root) == before
+    _assert_refused(tmp_path, sections, argv, ("data/mine", message), setup, monkeypatch, capfd)
 
 
 def test_a_folder_is_replaced_or_removed_only_when_every_file_in_it_is_bertflows(tmp_path):
