@@ -281,9 +281,6 @@ def test_a_full_disk_in_pretraining_keeps_the_last_snapshot_and_a_rerun_goes_on(
         assert not run.exists()  # the export done, its snapshots go
 
 
-@pytest.mark.xfail(strict=True, reason="safetensors' save_file raises SafetensorError, not OSError, "
-                   "on a full disk: the CLI prints its traceback (components/model/folders.py, "
-                   "write_encoder; the OSError a fix raises must name the folder, as snapshot_io's does)")
 def test_a_full_disk_at_the_encoder_export_names_it_and_a_rerun_writes_it(tiny_stages, tmp_path):
     from tests.conftest import run_cli
 
@@ -318,9 +315,6 @@ def registry_project(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="safetensors' save_file raises SafetensorError, not OSError, "
-                   "on a full disk: export-hf prints its traceback (components/lifecycle/hf_export.py; "
-                   "the OSError a fix raises must name the folder, as snapshot_io's does)")
 def test_a_full_disk_in_export_hf_leaves_no_half_export_and_a_rerun_writes_it(registry_project,
                                                                                         tmp_path):
     from tests.conftest import run_cli
