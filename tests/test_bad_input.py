@@ -154,9 +154,9 @@ def _snapshot_path(stages: Path, out: Path) -> Path:
     cfg = section(PretrainConfig, **TINY_PRETRAIN)
     bert = bert_config(section(ModelConfig, preset="tiny"), load(stages / "tokenizer").get_vocab_size(), cfg)
     run = run_fingerprint(bert, cfg, stages / "pairs", stages / "tokenizer", CheckpointInfo(init_from=""))
-    from components.core.guard import make_owned
+    from components.core.guard import make_work
 
-    return make_owned(out / "snapshots" / run) / "last.ckpt"  # as pretraining makes it
+    return make_work(out / "snapshots" / run) / "last.ckpt"  # as pretraining makes it
 
 
 class _RunsCode:

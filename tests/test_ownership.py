@@ -18,7 +18,7 @@ import pytest
 
 from components.core.config import PathsConfig
 from components.core.errors import ConfigError
-from components.core.guard import OUTPUT_FOLDERS, OWNED, SOURCE_FOLDERS, WORK, claim, make_owned, remove_owned
+from components.core.guard import OUTPUT_FOLDERS, OWNED, SOURCE_FOLDERS, WORK, claim, make_work, remove_owned
 from components.core.io import atomic_dir
 from components.core.params import load_params
 from pipeline.cli import app, main
@@ -206,7 +206,7 @@ def _changed_in_an_export(mine: Path) -> None:
 
 def _copied_work_marker(mine: Path) -> None:
     """A marker of a folder bertflow was writing, copied in: it names another folder."""
-    make_owned(mine.parent / "work")
+    make_work(mine.parent / "work")
     shutil.copy(mine.parent / "work" / WORK, mine / WORK)
     remove_owned(mine.parent / "work")
 
@@ -255,8 +255,8 @@ def test_a_folder_is_replaced_or_removed_only_when_every_file_in_it_is_bertflows
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "made")
     with pytest.raises(ConfigError, match="is a symbolic link"):
-        make_owned(link)
-    made = make_owned(tmp_path / "made" / "deep")  # a work folder: bertflow writes into it later
+        make_work(link)
+    made = make_work(tmp_path / "made" / "deep")  # a work folder: bertflow writes into it later
     (made / "snapshot").write_text("ours")
     assert remove_owned(made) and not made.exists()
     empty = tmp_path / "empty"
@@ -295,7 +295,7 @@ def test_only_temp_folders_bertflow_made_are_cleaned_up_never_a_copy_or_a_look_a
     backup = tmp_path / ".raw.backup-2024"  # a user's copy, named like a stage's temp folder
     backup.mkdir()
     (backup / "doc.txt").write_text("keep me")
-    stale = make_owned(tmp_path / ".raw.tmp-killed1")  # what a killed run leaves: a work folder
+    stale = make_work(tmp_path / ".raw.tmp-killed1")  # what a killed run leaves: a work folder
     (stale / "part-00000.parquet").write_text("half")
     touched = tmp_path / ".raw.tmp-touched"  # a temp-looking folder of the user's, marker touched
     touched.mkdir()

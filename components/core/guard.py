@@ -74,7 +74,7 @@ def mark_work(folder: Path) -> None:
     (Path(folder) / WORK).write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
-def make_owned(folder: Path, what: str = "") -> Path:
+def make_work(folder: Path, what: str = "") -> Path:
     """Create the work folder `folder` (or take it, if it is bertflow's or empty) and mark it as
     one bertflow writes into (pretraining's snapshots, adapt's pairs); returns it."""
     folder = Path(folder)

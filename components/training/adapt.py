@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from components.core.config import AdaptConfig, ModelConfig, PretrainConfig, TaskConfig
 from components.core.errors import DataError
-from components.core.guard import make_owned, remove_owned
+from components.core.guard import make_work, remove_owned
 from components.core.io import atomic_dir, write_json
 from components.data import validation
 from components.data.pairs import pack_documents, to_table, tokenize_documents
@@ -90,7 +90,7 @@ def adapt_task(cfg: AdaptConfig, enabled: bool, task: TaskConfig, model: ModelCo
     encoder = read_encoder_info(encoder_dir)
     pairs = Path(work_dir) / "pairs"
     remove_owned(pairs)  # left by a killed run
-    make_owned(pairs, "adapt's work folder")
+    make_work(pairs, "adapt's work folder")
     counts = write_task_pairs(task_dir, task.kind, encoder_dir, cfg.max_seq_len, cfg.batch_size, pairs)
     log.info("adapt: %d sequences of the train split's text, %d of validation's; %d steps at lr %g",
              counts["train"]["sequences"], counts["heldout"]["sequences"], cfg.steps, cfg.lr)

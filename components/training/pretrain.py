@@ -24,7 +24,7 @@ import torch
 from components.core import progress
 from components.core.config import ModelConfig, PretrainConfig
 from components.core.errors import ConfigError, DataError
-from components.core.guard import make_owned, remove_owned
+from components.core.guard import make_work, remove_owned
 from components.core.io import list_shards
 from components.core.machine import cpu_facts
 from components.data.tokenizer import SEP, load
@@ -144,7 +144,7 @@ def pretrain(*, model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokeni
                                 if checkpoint_dir is not None else CheckpointInfo(init_from=""))
     bert = start_config(model, cfg, vocab_size, checkpoint)
     snapshot_dir = Path(work_dir) / run_fingerprint(bert, cfg, pairs_dir, tokenizer_dir, checkpoint)
-    last = make_owned(snapshot_dir, "pretrain snapshots") / "last.ckpt"
+    last = make_work(snapshot_dir, "pretrain snapshots") / "last.ckpt"
     resume = checked_snapshot(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     network, fresh = start_network(bert, cfg, checkpoint, checkpoint_dir)
