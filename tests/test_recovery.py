@@ -108,9 +108,6 @@ def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(refere
     rng = random.Random(seed)
     repo = make_task_project(tmp_path / "project", TASKS, **POOL)
     deps.write(repo / "params.yaml", repo / "dvc.yaml")  # the task's stages, as `bertflow run` adds them
-    # MLflow's store made before the kills: a kill while a fresh project's first command migrates
-    # a new mlflow.db can leave a table made and its migration unrecorded, and no rerun repairs that.
-    mlflow_store(repo)
     snapshots = repo / "data" / "models" / "pretrain-snapshots"
     killed: dict[str, float] = {}  # where each was killed: seconds after it started
     resumable = False
@@ -144,13 +141,6 @@ def test_killed_in_every_stage_and_rerun_ends_exactly_like_a_straight_run(refere
         assert len(client.search_model_versions(f"name='{name}'")) == 1, (name, where)
     for name in TASKS:
         assert client.get_model_version_by_alias(name, "champion").version in (1, "1"), where
-
-
-def mlflow_store(repo: Path) -> None:
-    """Make the project's MLflow store (mlflow.db), as its first command would."""
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}").search_experiments()
 
 
 def kill(repo: Path, args: list[str], rng: random.Random, within: float, logs: Path,
@@ -228,3 +218,40 @@ class Forked:
     def tail(self) -> str:
         """The end of the command's stderr, for a failure's message."""
         return self.stderr()[-3000:]
+
+
+STORE_USER = """
+from pathlib import Path
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # imported before the kills
+from components.core import tracking
+from components.core.params import load_params
+p = load_params(Path("params.yaml"))
+print("ready", flush=True)
+tracking.client(p.tracking, Path.cwd()).search_experiments()
+"""
+
+
+def test_a_kill_while_a_new_mlflow_store_is_made_leaves_none_and_the_next_command_makes_it(tmp_path):
+    # MLflow migrates a new store in place (~2 s): a kill part way could leave tables made and
+    # their migration unrecorded, and every later command failed ("table registered_models
+    # already exists"). The store is made aside and appears whole: killed while it is being
+    # made (its first bytes written), there is none.
+    import subprocess
+    import sys
+
+    from components.core import tracking
+    from components.core.params import load_params
+    from tests.conftest import small_params, write_params
+
+    p = load_params(write_params(tmp_path, small_params()))
+    proc = subprocess.Popen([sys.executable, "-c", STORE_USER], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60
+    while not any(f.stat().st_size for f in tmp_path.glob("*mlflow.db*")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert not (tmp_path / "mlflow.db").exists()
+    tracking.client(p.tracking, tmp_path).search_experiments()
+    assert (tmp_path / "mlflow.db").exists()

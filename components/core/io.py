@@ -101,7 +101,7 @@ def _disk_full(e: BaseException) -> bool:
 def _usual_modes(folder: Path) -> None:
     """Every file and folder under `folder` with the mode a new one gets here (0644 and 0755
     under the usual umask): libraries that write through a temp file (safetensors) leave 0600."""
-    mask = _umask()
+    mask = umask()
     for path in folder.rglob("*"):
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
@@ -109,7 +109,7 @@ def _usual_modes(folder: Path) -> None:
 def _temp_dir(final: Path, kind: str) -> Path:
     """A new folder `.{final.name}.{kind}-XXXXXXXX` beside `final`, marked as a work folder."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{kind}-", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual mode
+    os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700; outputs get the usual mode
     mark_work(tmp)
     return tmp
 
@@ -154,7 +154,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())
+    os.chmod(tmp, 0o666 & ~umask())
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -170,7 +170,8 @@ def write_json(path: Path, data: Any) -> None:
                        encoding="utf-8")
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (read by setting it, then back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import os
 import posixpath
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from typing import Any
 from components.core import relocation
 from components.core.config import TrackingConfig
 from components.core.errors import BertflowError
-from components.core.io import flatten
+from components.core.io import flatten, umask
 from components.core.redact import redact
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -55,8 +57,29 @@ def tracking_uri(cfg: TrackingConfig, root: Path) -> str:
     db = store_path(cfg, root)
     if db is None:
         return cfg.uri
+    if not db.exists():
+        _create_store(db, artifact_location(cfg, root))
     check_store(cfg, root)
     return _SQLITE + str(db)
+
+
+def _create_store(db: Path, artifacts: str) -> None:
+    """Make the project's sqlite store whole or not at all. MLflow creates its tables in place,
+    and a process killed part way left a store every later command failed on ("table
+    registered_models already exists"); here they are made in a temp file beside it, which then
+    takes the store's name unless another process made one first (a hard link never replaces)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{db.name}.tmp-", dir=db.parent)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a store gets the usual mode
+    try:
+        SqlAlchemyStore(_SQLITE + tmp, artifacts).engine.dispose()  # the tables, registry's too
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, db)
+    finally:
+        os.unlink(tmp)
 
 
 def _allowed(cfg: TrackingConfig, root: Path) -> list[Path]:
