@@ -153,9 +153,19 @@ def recover_rwlock(root: Path) -> bool:
 
 def dep_hashes(root: Path, stage: str) -> dict[str, str]:
     """The hashes dvc.lock records for the stage's file and folder deps, as lineage tags."""
+    from dvc.exceptions import NoOutputOrStageError, StageNotFoundError
+    from dvc.stage.exceptions import StageNotFound
+
+    from components.core.tracking import DEP_TAG
+
     tags = {}
     with _repo(root) as repo:
-        (resolved,) = repo.stage.collect(stage)
+        try:
+            (resolved,) = repo.stage.collect(stage)
+        except (StageNotFound, StageNotFoundError, NoOutputOrStageError):
+            raise BertflowError(f"dvc.yaml has no stage {stage}: it was written before params.yaml "
+                                "named it; `bertflow run` brings dvc.yaml up to date first, or run "
+                                "`python -m pipeline.deps --write`") from None
         for dep in resolved.deps:
             if hasattr(dep, "params"):  # params are logged as MLflow params already
                 continue
@@ -163,14 +173,16 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
                 value = dep.get_hash().value
             except Exception:  # a dep that does not exist yet
                 value = "missing"
-            tags[f"dvc.dep.{dep.def_path}"] = value
+            tags[f"{DEP_TAG}{dep.def_path}"] = value
     return tags
 
 
 def recorded_dep_hashes(root: Path, stage: str) -> dict[str, str]:
     """dep_hashes of a stage DVC found up to date, read from dvc.lock: its deps hash as
     recorded there, without hashing them again."""
-    return {f"dvc.dep.{d['path']}": d["md5"] for d in _recorded(root)[stage].get("deps", [])}
+    from components.core.tracking import DEP_TAG
+
+    return {f"{DEP_TAG}{d['path']}": d["md5"] for d in _recorded(root)[stage].get("deps", [])}
 
 
 def changed_outs(root: Path, *stages: str) -> dict[str, str]:

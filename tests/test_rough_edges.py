@@ -536,6 +536,18 @@ def test_a_damaged_dvc_lock_is_one_line_that_says_how_to_put_it_back(dvc_project
         "dvc.lock` puts back the committed one"]
 
 
+def test_a_stage_of_a_task_dvc_yaml_does_not_list_yet_is_one_line_saying_how_to_add_it(dvc_project):
+    # params.yaml gained a task; dvc.yaml, written before, has no task_data@reviews yet.
+    params = yaml.safe_load((dvc_project / "params.yaml").read_text())
+    params["finetune"]["tasks"]["reviews"] = {"kind": "classification", "source": "data/user/r.csv"}
+    (dvc_project / "params.yaml").write_text(yaml.safe_dump(params))
+    out = run_cli("bertflow", "stage", "task_data@reviews", cwd=dvc_project, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert [line for line in out.stderr.splitlines() if line.startswith("error: ")] == [
+        "error: dvc.yaml has no stage task_data@reviews: it was written before params.yaml named it; "
+        "`bertflow run` brings dvc.yaml up to date first, or run `python -m pipeline.deps --write`"]
+
+
 @pytest.mark.slow
 def test_a_stage_that_fails_under_run_prints_no_traceback_of_prefects_before_its_error(tmp_path):
     (tmp_path / "data" / "user").mkdir(parents=True)
