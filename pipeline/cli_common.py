@@ -38,10 +38,13 @@ def registry_client(params: Path):
     database yet gets one clear line instead of a new, empty database and a lookup that fails."""
     from components.core import tracking
     params = params.resolve()
-    uri = tracking.tracking_uri(load_params(params).tracking, params.parent)
+    cfg = load_params(params).tracking
     prefix = "sqlite:///"
-    if uri.startswith(prefix) and not Path(uri[len(prefix):]).exists():
-        raise BertflowError(f"no registry here yet ({uri[len(prefix):]} does not exist): "
+    # Looked at before tracking_uri, which makes the project's store when there is none.
+    db = tracking.store_path(cfg, params.parent) or (
+        Path(cfg.uri[len(prefix):]) if cfg.uri.startswith(prefix) else None)
+    if db is not None and not db.exists():
+        raise BertflowError(f"no registry here yet ({db} does not exist): "
                             "run `bertflow run` first, or point --params at your project")
     return mlflow_client(params)
 
