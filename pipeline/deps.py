@@ -1,15 +1,16 @@
-"""dvc.yaml's generated parts: what each stage depends on, drawn from the code and params.yaml.
+"""dvc.yaml, generated from the stage table (pipeline/stages.py), the code and params.yaml.
 
+- Outputs and the folders a stage reads: the stage table's, each path declared there once.
 - Code deps: the component modules a stage's entry in pipeline/stages.py imports, and everything
   those import, transitively (imports inside functions included): an edit reruns exactly the
   stages that run the edited code. Package `__init__.py` files hold only a docstring and are
-  left out.
+  left out, and so is params.yaml's schema (`SCHEMA`).
 - Source deps: the files of yours a stage reads (ingest's sources, a checkpoint folder, each
   task's file): adding one task's file reruns that task's stages, and only those.
 - Params lists: the keys each stage reads, from the stage table (pipeline/stages.py).
 
-    python -m pipeline.deps           print them
-    python -m pipeline.deps --write   rewrite them in dvc.yaml (every pipeline run does it first)
+    python -m pipeline.deps           print dvc.yaml as it should be
+    python -m pipeline.deps --write   write it (every pipeline run does it first)
 
 tests/test_layers.py fails when dvc.yaml is not what this writes.
 """
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import ast
 import inspect
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import yaml
 
 from components.core.imports import PACKAGES, ROOT, code_files, imported_names, module_file
 
@@ -51,9 +53,16 @@ def stage_entries(stage_name: str) -> list[str]:
     return sorted({n for n in imported_names(tree) if n.startswith("components.") and module_file(n)})
 
 
+# params.yaml's schema and loader decide no value a stage uses: every value is in params.yaml,
+# which DVC tracks key by key (entry defaults included, merged at load). An edit there (a
+# docstring, a check) reruns nothing.
+SCHEMA = ("components.core.config", "components.core.params")
+
+
 def code_deps(stage_name: str) -> list[str]:
-    """The component files a stage runs, as dvc.yaml lists them (package __init__s left out)."""
-    return [f.relative_to(ROOT).as_posix() for f in code_files(stage_entries(stage_name))]
+    """The component files a stage runs, as dvc.yaml lists them (package __init__s and the
+    schema left out)."""
+    return [f.relative_to(ROOT).as_posix() for f in code_files(stage_entries(stage_name), SCHEMA)]
 
 
 def source_deps(p: Params) -> dict[str, list[str]]:
@@ -79,57 +88,75 @@ def task_sources(p: Params) -> dict[str, str]:
             for name, t in p.finetune.tasks.items()}
 
 
-def generated(p: Params) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, str]]:
-    """dvc.yaml's generated parts: each stage's literal deps (sources, then code), its params
-    list, and the task sources its task_data foreach runs over."""
+HEADER = """\
+# Generated from the stage table (pipeline/stages.py) and params.yaml: do not edit by hand.
+# `python -m pipeline.deps --write` writes it (and every pipeline run, first); tests/test_layers.py
+# fails when it differs. One stage per step; DVC runs the same `bertflow stage NAME` that the
+# Prefect flow runs. Each stage's deps: the folders it reads, the files of yours it reads
+# (ingest's sources, a checkpoint or teacher folder, each task's file in `task_sources`), and the
+# component modules it imports, transitively: an edit reruns the stages that read the edited
+# file or key, and only those. Folder outputs are `persist: true`: DVC would otherwise delete a
+# stage's folder before running it, whatever it holds; the stage replaces it itself, and only
+# when bertflow made it. Stats, plots and reports are small files git keeps (`cache: false`);
+# only two are DVC `metrics:`, so `dvc metrics show` stays a screen wide.
+"""
+
+
+def render(p: Params) -> str:
+    """dvc.yaml for params `p`: every stage of the table with its deps, params and outputs;
+    the per-task ones as a `foreach` over the tasks (task_data's over their sources)."""
     from pipeline.stages import STAGES
 
     sources = source_deps(p)
-    deps = {name: sources.get(name, []) + code_deps(name) for name in STAGES}
-    params = {name: [k.replace("{task}", "${key}") for k in stage.params] for name, stage in STAGES.items()}
-    return deps, params, task_sources(p)
+    lines = [*HEADER.splitlines(), "vars:", "  - task_sources:",
+             *(f"      {n}: {s}" for n, s in task_sources(p).items()), "stages:"]
+    for name, stage in STAGES.items():
+        task_var = "${key}" if stage.per_task else ""
+
+        def dvc(template: str, task_var: str = task_var) -> str:
+            return template.replace("{task}", task_var)
+
+        reads = [dvc(STAGES[r].writes if r in STAGES else r) for r in stage.reads]
+        source = ["${item}"] if name == "task_data" else sources.get(name, [])
+        outs = [*([(dvc(stage.writes), {"persist": True})] if stage.writes else []),
+                *((dvc(f), {"cache": False}) for f in stage.files),
+                *([] if stage.metric else [(dvc(stage.stats), {"cache": False})])]
+        body = [f"cmd: bertflow stage {name}{'@' + task_var if task_var else ''}",
+                "deps:", *(f"  - {d}" for d in [*reads, *source, *code_deps(name)]),
+                "params:", *(f"  - {dvc(k.replace('{task}', '${key}'))}" for k in stage.params),
+                *_outputs("outs", outs),
+                *_outputs("metrics", [(dvc(stage.stats), {"cache": False})] if stage.metric else []),
+                *_outputs("plots", [(dvc(f), {"cache": False, **options}) for f, options in stage.plots])]
+        if stage.per_task:
+            over = "${task_sources}" if name == "task_data" else "${finetune.tasks}"
+            body = [f"foreach: {over}", "do:", *(f"  {line}" for line in body)]
+        lines += ["", f"  {name}:", *(f"    {line}" for line in body)]
+    return "\n".join(lines) + "\n"
 
 
-def rewrite(text: str, deps: dict[str, list[str]], params: dict[str, list[str]],
-            sources: dict[str, str]) -> str:
-    """dvc.yaml's text with its generated parts replaced: the `vars:` block (the task sources),
-    each stage's literal deps (its `${...}` ones, outputs of other stages, stay first) and its
-    `params:` list; comments, outs and all else stay as they are."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line in ("vars:", "stages:"))
-    out = [*lines[:start], "vars:", "  - task_sources:", *(f"      {n}: {s}" for n, s in sources.items())]
-    stage, item, field = None, None, None
+def _outputs(kind: str, entries: list[tuple[str, dict]]) -> list[str]:
+    """A dvc.yaml output list (`outs`, `metrics`, `plots`): each path with its options."""
+    if not entries:
+        return []
+    lines = [f"{kind}:"]
+    for path, options in entries:
+        lines.append(f"  - {path}:")
+        lines += [f"      {k}: {_yaml_value(v)}" for k, v in options.items()]
+    return lines
 
-    def close() -> None:
-        nonlocal item
-        if item is not None:
-            out.extend(f"{item}- {d}" for d in (deps if field == "deps" else params)[stage])
-            item = None
 
-    for line in lines[lines.index("stages:"):]:
-        if item is not None and not line.startswith(f"{item}- "):
-            close()
-        if m := re.match(r"^  ([\w-]+):\s*$", line):
-            stage = m.group(1)
-        elif m := re.match(r"^(\s+)(deps|params):\s*$", line):
-            out.append(line)
-            item, field = m.group(1) + "  ", m.group(2)
-            continue
-        if item is not None and (field == "params" or "${" not in line):
-            continue
-        out.append(line)
-    close()
-    return "\n".join(out) + "\n"
+def _yaml_value(value: object) -> str:
+    """A scalar as YAML writes it (true, a plain word, or a quoted title)."""
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
 
 
 def write(params_path: Path = ROOT / "params.yaml", dvc_yaml: Path = DVC_YAML) -> bool:
-    """Rewrite dvc.yaml's generated parts from the stage table, the imports and params_path;
-    True if it changed."""
+    """Write dvc.yaml anew from the stage table, the imports and params_path; True if it changed."""
     from components.core.io import atomic_file
     from components.core.params import load_params
 
-    text = dvc_yaml.read_text()
-    new = rewrite(text, *generated(load_params(params_path)))
+    text = dvc_yaml.read_text() if dvc_yaml.is_file() else ""
+    new = render(load_params(params_path))
     if new != text:
         with atomic_file(dvc_yaml) as tmp:
             tmp.write_text(new)
@@ -143,11 +170,7 @@ def main(argv: list[str]) -> int:
         return 0
     from components.core.params import load_params
 
-    deps, params, sources = generated(load_params(ROOT / "params.yaml"))
-    for name in deps:
-        sys.stdout.write(f"{name}:\n  deps:\n" + "".join(f"    - {f}\n" for f in deps[name])
-                         + "  params:\n" + "".join(f"    - {k}\n" for k in params[name]))
-    sys.stdout.write("task sources:\n" + "".join(f"  {n}: {s}\n" for n, s in sources.items()))
+    sys.stdout.write(render(load_params(ROOT / "params.yaml")))
     return 0
 
 

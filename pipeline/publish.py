@@ -17,6 +17,7 @@ from components.core.errors import BertflowError
 from components.core.io import read_json
 from components.core.params import load_params
 from components.model.metadata import read_task_model_info
+from pipeline.stages import metrics_file, target
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +57,23 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
     params_path = Path(params_path).resolve()
     root, p = params_path.parent, load_params(params_path)
     code = {**tracking.git_state(root), "bertflow.params_sha256": params_sha256(p)}
-    models = root / p.paths.models
+    encoder = target(p, root, "pretrain").out
     outcome: dict[str, dict] = {}
     with tracking.mlflow_run(p.tracking, root, "registry", parent_run_id=parent_run_id,
                              tags={"bertflow.stage": "registry", "bertflow.registry_trigger": trigger,
                                    **code}, key=run_key) as run:
         client = run.client
         encoder_version = None
-        if (models / "encoder" / "bertflow.json").exists():
-            pretrain = _stats(root / p.paths.metrics / "pretrain_stats.json")
+        if (encoder / "bertflow.json").exists():
+            pretrain = _stats(metrics_file(p, root, "pretrain"))
             tags = {**code, **_dvc_tags(params_path, "pretrain", "pairs", "tokenizer", "clean"),
                     "bertflow.mlm_accuracy": f"{pretrain.get('mlm_accuracy', float('nan')):.4f}"}
-            done = registry.register_encoder(client, run, models / "encoder", tags)
+            done = registry.register_encoder(client, run, encoder, tags)
             encoder_version = done.version
             outcome[registry.ENCODER] = asdict(done)
         for task in tasks:
-            model_dir = models / "tasks" / task / "model"
-            stats = _stats(root / p.paths.metrics / "tasks" / task / "evaluate_stats.json")
+            model_dir = target(p, root, f"finetune@{task}").out / "model"
+            stats = _stats(metrics_file(p, root, f"evaluate@{task}"))
             if not stats or not (model_dir / "bertflow.json").exists():
                 log.info("registry: %s has no evaluated model yet, not registered", task)
                 continue
@@ -84,7 +85,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
                     "bertflow.encoder_version": str(encoder_version or "none"),
                     "bertflow.metric_mean": f"{stats['primary'][init]['mean']:.6f}"}
             done = registry.register_task(client, run, task, stats["kind"], model_dir,
-                                          _example(root / p.paths.tasks / task, stats["kind"]),
+                                          _example(target(p, root, f"task_data@{task}").out, stats["kind"]),
                                           stats["metric"], metric, tags)
             outcome[task] = asdict(done)
             log.info("registry: %s: %s", task, done.reason)

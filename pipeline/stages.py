@@ -1,15 +1,18 @@
-"""The stages: what each reads from params.yaml and which component function it calls.
+"""The stages: what each reads from params.yaml, the folders it reads and writes, and which
+component function it calls.
 
 `run_stage` is what both `bertflow stage NAME` (called by dvc.yaml) and the Prefect flow run, so
-the two paths share every line that matters. Stage order here is the DAG order of dvc.yaml.
-Each entry imports the component functions it calls inside its body: pipeline.deps reads those
-imports to write the stage's code deps into dvc.yaml.
+the two paths share every line that matters. Stage order here is the DAG order. The table is
+the one place a stage's folders are named: dvc.yaml is generated from it (pipeline.deps), and
+each entry's call gets them resolved (`Target`). Each entry imports the component functions it
+calls inside its body: pipeline.deps reads those imports to write the stage's code deps.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +29,44 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"  # set by the flow for stages it runs as a subprocess
 RUN_KEY_ENV = "BERTFLOW_RUN_KEY"  # and the key that makes its retries reopen one MLflow run
+_VAR = re.compile(r"\$\{([^}]+)\}")
+
+
+def lookup(data: dict, dotted: str) -> Any:
+    """`lookup(d, "a.b")` is `d["a"]["b"]`."""
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def resolve(template: str, p: Params, task: str = "") -> str:
+    """A path template of the table (`${paths.models}/adapted/{task}`, dvc.yaml's own syntax for
+    the params) with `p`'s values and the task."""
+    values = p.model_dump(mode="json")
+    return _VAR.sub(lambda m: str(lookup(values, m[1])), template.replace("{task}", task))
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a stage runs: the params, the project root, the task ('' if none) and the stage."""
+
+    p: Params
+    root: Path
+    task: str
+    stage: str
+
+    def folder(self, stage: str) -> Path:
+        """The folder stage `stage` writes (for this target's task)."""
+        return self.root / resolve(STAGES[stage].writes, self.p, self.task)
+
+    @property
+    def out(self) -> Path:
+        """This stage's own folder."""
+        return self.folder(self.stage)
+
+    def path(self, template: str) -> Path:
+        """A path template of the table, resolved under the root."""
+        return self.root / resolve(template, self.p, self.task)
 
 
 @dataclass(frozen=True)
@@ -33,142 +74,152 @@ class Stage:
     """One pipeline stage."""
 
     name: str
-    call: Callable[[Params, Path, MlflowRun | None, str], dict]
-    """Calls the component function with paths resolved against the project root, the stage's
-    MLflow run (None on the non-zero ranks of a distributed run) and the task ('' if none)."""
+    call: Callable[[Params, Target, MlflowRun | None], dict]
+    """Calls the component function with the stage's folders resolved (`Target`) and its MLflow
+    run (None on the non-zero ranks of a distributed run)."""
     params: tuple[str, ...]
-    """params.yaml keys it reads: exactly dvc.yaml's `params:` list (a test keeps them equal);
-    in a per-task stage, `{task}` stands for the task's name."""
-    replaces: Callable[[Params, str], tuple[str, str]] | None = None
-    """The folder it replaces whole, as (the params key that names it, the path), for the check
-    that it is bertflow's before anything runs (components.core.guard)."""
-    artifacts: Callable[[Params, Path, str], list[Path]] = field(default=lambda p, root, task: [])
-    """Small outputs to attach to the MLflow run besides the stats."""
+    """params.yaml keys it reads: exactly dvc.yaml's `params:` list; in a per-task stage,
+    `{task}` stands for the task's name."""
+    writes: str = ""
+    """The folder it writes whole, as a path template (`{task}`: the task); it is replaced only
+    when bertflow made it (components.core.guard). A persisted DVC output."""
+    reads: tuple[str, ...] = ()
+    """What it reads besides params and the code: other stages (by name: the folder each
+    writes) or path templates. DVC deps, in this order."""
     per_task: bool = False
     """One stage per task of finetune.tasks (a dvc.yaml `foreach`), named `stage@task`."""
+    metric: bool = False
+    """Its stats file is a DVC metric (`dvc metrics show`); every stats file is an output."""
+    files: tuple[str, ...] = ()
+    """Other outputs it writes (path templates): small files git keeps (DVC `cache: false`)."""
+    plots: tuple[tuple[str, dict], ...] = ()
+    """Plot files it writes (path templates) with their dvc.yaml options, kept in git too."""
+    artifacts: Callable[[Target], list[Path]] = field(default=lambda at: [])
+    """Small outputs to attach to the MLflow run besides the stats."""
     own_process: bool = False
     """The flow runs it as `bertflow stage NAME`: Lightning's DDP launcher starts the other
     ranks by re-running the current command, which must be the stage, not the whole flow."""
 
+    @property
+    def stats(self) -> str:
+        """Its stats file (a path template): what it returns, kept in git."""
+        where = "${paths.metrics}/tasks/{task}" if self.per_task else "${paths.metrics}"
+        return f"{where}/{self.name}_stats.json"
 
-def _ingest(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+
+def _ingest(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.data.ingest import ingest
 
-    return ingest(p.ingest, root, root / p.paths.packages, root / p.paths.raw)
+    return ingest(p.ingest, at.root, at.root / p.paths.packages, at.out)
 
 
-def _clean(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _clean(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.data.clean import clean
 
-    return clean(p.clean, p.executor, root / p.paths.raw, root / p.paths.clean)
+    return clean(p.clean, p.executor, at.folder("ingest"), at.out)
 
 
-def _checkpoint(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _checkpoint(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.model.checkpoint import import_checkpoint
 
-    return import_checkpoint(p.pretrain.init_from, root, root / p.paths.packages,
-                             root / p.paths.checkpoint)
+    return import_checkpoint(p.pretrain.init_from, at.root, at.root / p.paths.packages, at.out)
 
 
-def _tokenizer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _tokenizer(p: Params, at: Target, run: MlflowRun | None) -> dict:
     if p.pretrain.init_from:  # the checkpoint's embeddings index its own vocabulary
         from components.model.checkpoint_tokenizer import adopt_tokenizer
 
-        return adopt_tokenizer(p.pretrain.init_from, root / p.paths.checkpoint, root / p.paths.clean,
-                               root / p.paths.tokenizer)
+        return adopt_tokenizer(p.pretrain.init_from, at.folder("checkpoint"), at.folder("clean"), at.out)
     from components.data.tokenizer import train_tokenizer
 
-    return train_tokenizer(p.tokenizer, root / p.paths.clean, root / p.paths.tokenizer,
-                           max_len=p.model.max_position)
+    return train_tokenizer(p.tokenizer, at.folder("clean"), at.out, max_len=p.model.max_position)
 
 
-def _pairs(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _pairs(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.data.pairs import make_pairs
 
-    return make_pairs(p.pairs, p.executor, root / p.paths.clean, root / p.paths.tokenizer,
-                      root / p.paths.pairs)
+    return make_pairs(p.pairs, p.executor, at.folder("clean"), at.folder("tokenizer"), at.out)
 
 
-def _pretrain(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+PRETRAIN_CURVE = "${paths.metrics}/pretrain_curve"  # .csv (a DVC plot) and .png
+
+
+def _pretrain(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.evaluation.plots import write_pretrain_curve
     from components.training.pretrain import pretrain
 
-    stats = pretrain(model=p.model, cfg=p.pretrain, pairs_dir=root / p.paths.pairs,
-                     tokenizer_dir=root / p.paths.tokenizer, out_dir=root / p.paths.models / "encoder",
-                     work_dir=root / p.paths.models / "pretrain-snapshots",
-                     checkpoint_dir=root / p.paths.checkpoint if p.pretrain.init_from else None,
+    stats = pretrain(model=p.model, cfg=p.pretrain, pairs_dir=at.folder("pairs"),
+                     tokenizer_dir=at.folder("tokenizer"), out_dir=at.out,
+                     work_dir=at.root / p.paths.models / "pretrain-snapshots",
+                     checkpoint_dir=at.folder("checkpoint") if p.pretrain.init_from else None,
                      mlflow_run=(run.uri, run.run_id) if run else None)
     if run is None:  # a non-zero rank: rank 0 writes and records everything
         return stats
     history = stats.pop("history")
-    write_pretrain_curve(history, root / p.paths.metrics / "pretrain_curve.csv",
-                         root / p.paths.metrics / "pretrain_curve.png")
+    curve = at.path(PRETRAIN_CURVE)
+    write_pretrain_curve(history, curve.with_suffix(".csv"), curve.with_suffix(".png"))
     return stats  # the encoder is registered after the run (pipeline.publish), once per content
 
 
-def _task_data(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _task_data(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.data.tasks.prepare import prepare_task
 
-    return prepare_task(task, p.finetune.tasks[task], root, root / p.paths.packages,
-                        root / p.paths.tasks / task)
+    return prepare_task(at.task, p.finetune.tasks[at.task], at.root, at.root / p.paths.packages, at.out)
 
 
-def _adapt(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _adapt(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.adapt import adapt_task
 
-    stats = adapt_task(p.adapt, "adapted" in p.finetune.init, p.finetune.tasks[task], p.model, p.pretrain,
-                       root / p.paths.tasks / task, root / p.paths.models / "encoder",
-                       root / p.paths.models / "adapted" / task,
-                       root / p.paths.models / "adapt-snapshots" / task,
+    stats = adapt_task(p.adapt, "adapted" in p.finetune.init, p.finetune.tasks[at.task], p.model, p.pretrain,
+                       at.folder("task_data"), at.folder("pretrain"), at.out,
+                       at.root / p.paths.models / "adapt-snapshots" / at.task,
                        mlflow_run=(run.uri, run.run_id) if run else None)
     stats.pop("history", None)  # in the adapted encoder's bertflow.json and the MLflow curves
     return stats
 
 
-def _teacher(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _teacher(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.teacher import fit_teacher
 
-    out = root / p.paths.models / "teachers" / task
-    stats = fit_teacher(task, p.finetune.tasks[task], p.finetune, p.distill, "distilled" in p.finetune.init,
-                        root, root / p.paths.packages, root / p.paths.tasks / task, out)
+    stats = fit_teacher(at.task, p.finetune.tasks[at.task], p.finetune, p.distill,
+                        "distilled" in p.finetune.init, at.root, at.root / p.paths.packages,
+                        at.folder("task_data"), at.out)
     if run is not None and stats["teacher"]:
-        run.log_artifact(out / "model", "model")
+        run.log_artifact(at.out / "model", "model")
     return stats
 
 
-def _transfer_set(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _transfer_set(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.transfer_set import build_transfer
 
-    return build_transfer(task, p.finetune.tasks[task], p.finetune, p.distill, "distilled" in p.finetune.init,
-                          root / p.paths.tasks / task, root / p.paths.models / "encoder",
-                          root / p.paths.models / "teachers" / task,
-                          root / p.paths.models / "transfer-set" / task, root / p.paths.clean)
+    return build_transfer(at.task, p.finetune.tasks[at.task], p.finetune, p.distill,
+                          "distilled" in p.finetune.init, at.folder("task_data"), at.folder("pretrain"),
+                          at.folder("teacher"), at.out, at.folder("clean"))
 
 
-def _finetune(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+def _finetune(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.finetune import finetune_task
     from components.training.student import student_encoder
 
-    out = root / p.paths.models / "tasks" / task
-    with student_encoder(p.distill, "distilled" in p.finetune.init, root, root / p.paths.packages) as student:
-        stats = finetune_task(task, p.finetune.tasks[task], p.finetune, root / p.paths.tasks / task,
-                              root / p.paths.models / "encoder", out, root / p.paths.checkpoint,
-                              root / p.paths.models / "adapted" / task, p.distill,
-                              root / p.paths.models / "transfer-set" / task, student,
-                              reuse_from=_fits_to_take(p, root, task))
+    with student_encoder(p.distill, "distilled" in p.finetune.init, at.root,
+                         at.root / p.paths.packages) as student:
+        stats = finetune_task(at.task, p.finetune.tasks[at.task], p.finetune, at.folder("task_data"),
+                              at.folder("pretrain"), at.out, at.folder("checkpoint"), at.folder("adapt"),
+                              p.distill, at.folder("transfer_set"), student,
+                              reuse_from=_fits_to_take(p, at))
     if run is not None:
-        run.log_artifact(out / "model", "model")
-        _log_search(p, root, run, task, stats)
+        run.log_artifact(at.out / "model", "model")
+        _log_search(p, at.root, run, at.task, stats)
     return stats
 
 
-def _fits_to_take(p: Params, root: Path, task: str) -> list[Path]:
+def _fits_to_take(p: Params, at: Target) -> list[Path]:
     """Where the task's finetune stage looks for fits under their keys (training/finetune.py):
     its own last output, so a changed start (a new student) is the only one trained again; and in
     a preset (another params file than the project's params.yaml), the default run's too."""
-    default = root / "params.yaml"
+    default = at.root / "params.yaml"
     others = [load_params(default).paths.models] if default.is_file() else []
-    return [root / m / "tasks" / task for m in dict.fromkeys([p.paths.models, *others])]
+    return [at.root / m / "tasks" / at.task for m in dict.fromkeys([p.paths.models, *others])]
 
 
 def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -> None:
@@ -189,19 +240,26 @@ def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -
                 child.set_tags({"bertflow.lr_chosen": lr == f"{search['lr']:g}"})
 
 
-def _evaluate(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+EVALUATIONS = "${paths.metrics}/tasks"  # evaluate's figures and plots, a folder per task
+TASK_METRICS = f"{EVALUATIONS}/{{task}}"
+
+
+def _evaluate(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.evaluation.evaluate import evaluate_task
 
-    return evaluate_task(task, p.finetune.tasks[task], p.evaluate, root / p.paths.tasks / task,
-                         root / p.paths.models / "tasks" / task, root / p.paths.metrics / "tasks" / task)
+    return evaluate_task(at.task, p.finetune.tasks[at.task], p.evaluate, at.folder("task_data"),
+                         at.folder("finetune"), at.path(TASK_METRICS))
 
 
-def _transfer(p: Params, root: Path, run: MlflowRun | None, task: str) -> dict:
+TRANSFER = "${paths.metrics}/transfer"  # .md and .json: what pretraining bought, per task
+
+
+def _transfer(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.evaluation.transfer import transfer_report
 
-    metrics = root / p.paths.metrics
-    return transfer_report(list(p.finetune.tasks), metrics / "tasks", metrics / "transfer.md",
-                           metrics / "transfer.json", p.pretrain.init_from, p.distill.student_layers,
+    report = at.path(TRANSFER)
+    return transfer_report(list(p.finetune.tasks), at.path(EVALUATIONS), report.with_suffix(".md"),
+                           report.with_suffix(".json"), p.pretrain.init_from, p.distill.student_layers,
                            p.distill.teacher)
 
 
@@ -212,43 +270,56 @@ FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
 
 TEACHER_PARAMS = tuple(p for p in FINETUNE_PARAMS
                        if p not in ("finetune.seeds", "finetune.lr", "finetune.lr_grid", "finetune.onnx"))
+STATS = {"cache": False}  # small files git keeps: DVC records them, does not cache them
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("ingest", _ingest, ("ingest",), replaces=lambda p, task: ("paths.raw", p.paths.raw)),
-    Stage("clean", _clean, ("clean",), replaces=lambda p, task: ("paths.clean", p.paths.clean)),
-    Stage("checkpoint", _checkpoint, ("pretrain.init_from",),
-          replaces=lambda p, task: ("paths.checkpoint", p.paths.checkpoint)),
+    Stage("ingest", _ingest, ("ingest",), writes="${paths.raw}"),
+    Stage("clean", _clean, ("clean",), writes="${paths.clean}", reads=("ingest",)),
+    # pretrain.init_from, checked and converted (an empty folder record when unset). A checkpoint
+    # folder of your own belongs under data/user (`dvc add` it): DVC then sees its edits.
+    Stage("checkpoint", _checkpoint, ("pretrain.init_from",), writes="${paths.checkpoint}"),
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position", "pretrain.init_from"),
-          replaces=lambda p, task: ("paths.tokenizer", p.paths.tokenizer),
-          artifacts=lambda p, root, task: [root / p.paths.tokenizer]),
-    Stage("pairs", _pairs, ("pairs",), replaces=lambda p, task: ("paths.pairs", p.paths.pairs)),
-    Stage("pretrain", _pretrain, ("model", "pretrain"), own_process=True,
-          replaces=lambda p, task: ("paths.models (encoder)", f"{p.paths.models}/encoder"),
-          artifacts=lambda p, root, task: [root / p.paths.metrics / "pretrain_curve.png"]),
-    Stage("task_data", _task_data, ("finetune.tasks.{task}",), per_task=True,
-          replaces=lambda p, task: (f"paths.tasks ({task})", f"{p.paths.tasks}/{task}")),
+          writes="${paths.tokenizer}", reads=("clean", "checkpoint"),
+          artifacts=lambda at: [at.out]),
+    Stage("pairs", _pairs, ("pairs",), writes="${paths.pairs}", reads=("clean", "tokenizer")),
+    Stage("pretrain", _pretrain, ("model", "pretrain"), writes="${paths.models}/encoder",
+          reads=("pairs", "tokenizer", "checkpoint"), metric=True, own_process=True,
+          plots=((f"{PRETRAIN_CURVE}.csv", {"x": "tokens", "y": "mlm_accuracy",
+                                            "title": "Held-out MLM accuracy by training tokens"}),
+                 (f"{PRETRAIN_CURVE}.png", {})),
+          artifacts=lambda at: [at.path(f"{PRETRAIN_CURVE}.png")]),
+    Stage("task_data", _task_data, ("finetune.tasks.{task}",), writes="${paths.tasks}/{task}", per_task=True),
+    # The `adapted` start: the encoder continued on the task's own text (an empty record when
+    # finetune.init lacks `adapted`).
     Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "model", "pretrain"),
-          per_task=True,
-          replaces=lambda p, task: (f"paths.models (adapted/{task})", f"{p.paths.models}/adapted/{task}")),
+          writes="${paths.models}/adapted/{task}", reads=("task_data", "pretrain"), per_task=True),
+    # The `distilled` start (finetune.init has it; else each writes an empty record): the task's
+    # teacher, a checkpoint fine-tuned on it, then the transfer set it labels with soft targets.
     # The student's own settings (seeds, rates, temperature) rerun no teacher.
     Stage("teacher", _teacher, ("distill.teacher", "distill.teacher_seeds", "distill.teacher_lr_grid",
-                                "finetune.tasks.{task}", *TEACHER_PARAMS), per_task=True,
-          replaces=lambda p, task: (f"paths.models (teachers/{task})", f"{p.paths.models}/teachers/{task}")),
+                                "finetune.tasks.{task}", *TEACHER_PARAMS),
+          writes="${paths.models}/teachers/{task}", reads=("task_data",), per_task=True),
     Stage("transfer_set", _transfer_set,
           ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k", "distill.corpus_rows",
            "distill.seed", "finetune.init", "finetune.tasks.{task}", "finetune.max_seq_len",
            "finetune.batch_size"),
-          per_task=True, replaces=lambda p, task: (f"paths.models (transfer-set/{task})",
-                                                   f"{p.paths.models}/transfer-set/{task}")),
+          writes="${paths.models}/transfer-set/{task}", reads=("task_data", "clean", "pretrain", "teacher"),
+          per_task=True),
     Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS, "distill.temperature",
                                   "distill.alpha", "distill.student_layers", "distill.teacher",
-                                  "distill.teacher_lr_grid"), per_task=True,
-          replaces=lambda p, task: (f"paths.models (tasks/{task})", f"{p.paths.models}/tasks/{task}")),
-    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), per_task=True,
-          artifacts=lambda p, root, task: sorted((root / p.paths.metrics / "tasks" / task).glob("*.png"))),
+                                  "distill.teacher_lr_grid"),
+          writes="${paths.models}/tasks/{task}",
+          reads=("task_data", "pretrain", "adapt", "transfer_set", "checkpoint"), per_task=True),
+    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), reads=("task_data", "finetune"),
+          per_task=True,
+          plots=((f"{TASK_METRICS}/curves.csv", {"x": "step", "y": "val_metric", "template": "linear"}),
+                 (f"{TASK_METRICS}/per_class.csv", {"x": "label", "y": "f1", "template": "bar_horizontal"}),
+                 (f"{TASK_METRICS}/curves.png", {}), (f"{TASK_METRICS}/per_class.png", {})),
+          artifacts=lambda at: sorted(at.path(TASK_METRICS).glob("*.png"))),
     Stage("transfer", _transfer, ("finetune.tasks", "evaluate", "pretrain.init_from",
                                   "distill.student_layers", "distill.teacher"),
-          artifacts=lambda p, root, task: [root / p.paths.metrics / "transfer.md"]),
+          reads=(EVALUATIONS,), metric=True, files=(f"{TRANSFER}.md", f"{TRANSFER}.json"),
+          artifacts=lambda at: [at.path(f"{TRANSFER}.md")]),
 ]}
 
 
@@ -263,6 +334,12 @@ def split_name(name: str) -> tuple[Stage, str]:
     if task and not stage.per_task:
         raise BertflowError(f"stage {base} is not per task: name it {base}")
     return stage, task
+
+
+def target(p: Params, root: Path, name: str) -> Target:
+    """Where stage `name` (`finetune@trec-6`) runs."""
+    stage, task = split_name(name)
+    return Target(p, root, task, stage.name)
 
 
 def stage_params(stage: Stage, task: str) -> list[str]:
@@ -296,24 +373,16 @@ def check_outputs_owned(p: Params, root: Path, names: list[str]) -> None:
 
     for name in names:
         stage, task = split_name(name)
-        if stage.replaces is not None:
-            key, folder = stage.replaces(p, task)
-            claim(root / folder, key)
+        if stage.writes:
+            key = _VAR.match(stage.writes)[1]  # the paths key its folder lies under
+            where = stage.writes.partition("}/")[2].replace("{task}", task)
+            claim(root / resolve(stage.writes, p, task), f"{key} ({where})" if where else key)
 
 
 def metrics_file(p: Params, root: Path, name: str) -> Path:
-    """Where a stage's stats go (a DVC metrics file, kept in git)."""
-    base, _, task = name.partition("@")
-    if task:
-        return root / p.paths.metrics / "tasks" / task / f"{base}_stats.json"
-    return root / p.paths.metrics / f"{name}_stats.json"
-
-
-def lookup(data: dict, dotted: str) -> Any:
-    """`lookup(d, "a.b")` is `d["a"]["b"]`."""
-    for part in dotted.split("."):
-        data = data[part]
-    return data
+    """Where a stage's stats go (a DVC output, kept in git)."""
+    stage, task = split_name(name)
+    return root / resolve(stage.stats, p, task)
 
 
 def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None, status: str,
@@ -369,14 +438,15 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
     params_path = Path(params_path).resolve()
     p = p or load_params(params_path)
     if distributed_rank() != 0:
-        return stage.call(p, params_path.parent, None, task)
+        return stage.call(p, Target(p, params_path.parent, task, stage.name), None)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
     root, opened = _open_run(name, params_path, p, parent_run_id, "ran", run_key)
     with opened as run:
         run.log_params({key: lookup(p.model_dump(), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
-        stats = stage.call(p, root, run, task)
+        at = Target(p, root, task, stage.name)
+        stats = stage.call(p, at, run)
         # Facts of this execution (wall minutes, workers, a resume) go to MLflow only: the
         # metrics file is a DVC output, equal on every rerun with the same inputs.
         this_run = {"seconds": time.perf_counter() - start, **stats.pop("this_run", {})}
@@ -389,7 +459,7 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
             run.set_tags({"bertflow.guard_fired": f"pretrain.max_minutes at step {stats['steps']} "
                                                   f"of {stats['max_steps']}"})
         run.log_artifact(out)
-        for path in stage.artifacts(p, root, task):
+        for path in stage.artifacts(at):
             run.log_artifact(path, path.name)
     log.info("stage %s done in %.1f s", name, this_run["seconds"])
     return stats

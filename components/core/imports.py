@@ -1,7 +1,7 @@
 """The project's import graph, read from the source: which code a module runs.
 
-dvc.yaml's code deps (pipeline/deps.py) and a fit's key (components/training/finetune.py) are
-drawn from it, so an edit reruns, or keeps from being taken, exactly what runs the edited code.
+dvc.yaml's code deps (pipeline/deps.py) are drawn from it, so an edit reruns exactly the stages
+that run the edited code.
 """
 
 from __future__ import annotations
@@ -44,20 +44,21 @@ def imports_of(name: str) -> frozenset[str]:
     return frozenset(n for n in imported_names(tree) if n.split(".")[0] in PACKAGES and module_file(n))
 
 
-def closure(names: list[str]) -> set[str]:
-    """`names` and every project module they import, transitively."""
+def closure(names: list[str], leave_out: tuple[str, ...] = ()) -> set[str]:
+    """`names` and every project module they import, transitively; the modules of `leave_out`
+    and what only they import left out."""
     seen: set[str] = set()
-    stack = list(names)
+    stack = [n for n in names if n not in leave_out]
     while stack:
         name = stack.pop()
         if name not in seen:
             seen.add(name)
-            stack.extend(imports_of(name))
+            stack.extend(i for i in imports_of(name) if i not in leave_out)
     return seen
 
 
-def code_files(names: list[str]) -> list[Path]:
-    """The files `names` run (their closure), sorted; package `__init__.py` files, which hold
-    only a docstring, left out."""
-    files = (module_file(n) for n in closure(names))
+def code_files(names: list[str], leave_out: tuple[str, ...] = ()) -> list[Path]:
+    """The files `names` run (their closure but `leave_out`), sorted; package `__init__.py`
+    files, which hold only a docstring, left out."""
+    files = (module_file(n) for n in closure(names, leave_out))
     return sorted(f for f in files if f.name != "__init__.py")
