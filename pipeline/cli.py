@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -74,6 +73,7 @@ def stage(
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
     from pipeline import presets
     from pipeline.ops.lock import project_lock
+    from pipeline.ops.signals import ends_on_sigterm
     from pipeline.stages import PARENT_RUN_ENV, check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
@@ -86,64 +86,12 @@ def stage(
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params, p=p)
         return
-    with project_lock(root, wait, what=f"bertflow stage {name}"), _terminate_as_failure():
+    # SIGTERM ends the stage as a failure: its MLflow run FAILED, its temp outputs removed, exit 143
+    with project_lock(root, wait, what=f"bertflow stage {name}"), ends_on_sigterm():
         run_stage(name, params, p=p)
         # A preset's stage run by hand goes into its books, as the flow enters the stages it runs.
         if presets.is_preset(params) and not os.environ.get(PARENT_RUN_ENV):
             presets.record(root, params.resolve(), name, p)
-
-
-class SigtermExit(SystemExit):
-    """The exit a SIGTERM raises, wherever the main thread was."""
-
-
-@contextlib.contextmanager
-def _terminate_as_failure() -> Iterator[None]:
-    """SIGTERM (a `kill`, a service manager, a scheduler's timeout) ends the stage as a failure:
-    its MLflow run FAILED, its temp outputs removed, exit code 143. Without this the process
-    died at once and its MLflow run stayed RUNNING for ever. Its worker processes go first, so
-    that nothing waits for their fits on the way out; the lock's watchdog stays to the end.
-
-    The exit is raised wherever the main thread is, and Python swallows an exception raised in
-    a garbage-collector callback or a `__del__` (it hands it to sys.unraisablehook): the stage
-    would train on. Such a swallowed exit sends the SIGTERM again, to land in ordinary code.
-    Whatever else the way out raises (torch's check of the loader workers just killed, a broken
-    process pool), a terminated stage exits 143."""
-    import signal
-    import threading
-
-    import psutil
-
-    received: list[int] = []
-
-    def terminated(signum: int, frame) -> None:
-        received.append(signum)
-        for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                if "pipeline.ops.watchdog" not in " ".join(child.cmdline()):
-                    child.kill()
-        raise SigtermExit(128 + signum)
-
-    def swallowed(unraisable) -> None:
-        if isinstance(unraisable.exc_value, SigtermExit):  # later: one raised in here is lost too
-            resend = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
-            resend.daemon = True
-            resend.start()
-        else:
-            previous_hook(unraisable)
-
-    previous, previous_hook = signal.signal(signal.SIGTERM, terminated), sys.unraisablehook
-    sys.unraisablehook = swallowed
-    try:
-        yield
-    except Exception as e:
-        if not received:
-            raise
-        typer.echo(f"terminated by SIGTERM; on the way out: {type(e).__name__}: {e}", err=True)
-        raise SigtermExit(128 + received[0]) from e
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        sys.unraisablehook = previous_hook
 
 
 registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: a champion per task.")
@@ -711,6 +659,7 @@ def main() -> None:
     from components.core.redact import redact
     from pipeline.ops import env
     from pipeline.ops.redaction import install_stream_redaction
+    from pipeline.ops.signals import Terminated
 
     env.configure()
     install_stream_redaction()  # the libraries' own prints too
@@ -721,8 +670,10 @@ def main() -> None:
 
     try:
         app()
+    except Terminated as e:  # a stage or run SIGTERM ended
+        fail(f"error: {e}", e.code)
     except BertflowError as e:
-        fail(f"error: {e}", getattr(e, "exit_code", 1))  # 143 for a run SIGTERM ended
+        fail(f"error: {e}")
     except OSError as e:  # disk full, permission denied, a path that is not there
         fail(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "))
     except Exception as e:

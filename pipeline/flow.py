@@ -7,12 +7,8 @@ the cache and the outputs exactly as `dvc repro` would, and a second run skips e
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -25,6 +21,7 @@ from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
 from pipeline import deps, presets, versioning
+from pipeline.ops import signals
 from pipeline.ops.redaction import masks_errors
 from pipeline.stages import (
     PARENT_RUN_ENV,
@@ -42,42 +39,6 @@ _TRANSIENT = (OSError, BrokenProcessPool)
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
               FileExistsError)
 _TRANSIENT_NAMES = {"OperationalError", "CommClosedError"}  # sqlite/SQLAlchemy locks, Dask comms
-
-
-class Terminated(BertflowError):
-    """SIGTERM ended the run: the stage it reached failed, and the command exits 143."""
-
-    exit_code = 128 + signal.SIGTERM
-
-
-_STAGES: set[subprocess.Popen] = set()  # the stage processes running now (one at a time)
-_TERMINATED = threading.Event()
-
-
-@contextlib.contextmanager
-def _sigterm_ends_the_stage() -> Iterator[None]:
-    """SIGTERM during the flow run goes to the running stage's process, which ends as a failure
-    (its MLflow run FAILED, its temp outputs removed); the flow fails with it, records that, and
-    Prefect's server is stopped on the way out. With no stage process running it stops the flow
-    at once. Installed inside the flow run because Prefect's own handler, set at its start,
-    waits for the running stage to finish before acting."""
-    if threading.current_thread() is not threading.main_thread():  # signals reach only that one
-        yield
-        return
-
-    def ended(signum: int, frame) -> None:
-        _TERMINATED.set()
-        if not _STAGES:
-            raise Terminated("terminated by SIGTERM")
-        for proc in list(_STAGES):
-            proc.terminate()
-
-    _TERMINATED.clear()
-    previous = signal.signal(signal.SIGTERM, ended)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _retry_transient(task, task_run, state) -> bool:
@@ -107,8 +68,8 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
     logger = get_run_logger()
     root = Path(params_path).parent
     start = time.perf_counter()
-    if _TERMINATED.is_set():  # the next stage of a group, after a SIGTERM
-        raise Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
+    if signals.received():  # the next stage of a group, after a SIGTERM
+        raise signals.Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
     p = load_params(params_path)
     if tracked and not (versioning.is_stale(root, name) if stale is None else stale) or (
             preset_books and presets.up_to_date(root, Path(params_path), name, p)):
@@ -169,9 +130,8 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
            **under_lock(Path(params_path).parent)}
     cmd = [sys.executable, "-m", "pipeline.cli", "stage", name, "--params", params_path]
     lines: list[str] = []
-    with subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,
-                          text=True) as proc:
-        _STAGES.add(proc)
+    with (subprocess.Popen(cmd, env=env, cwd=Path(params_path).parent, stderr=subprocess.PIPE,
+                           text=True) as proc, signals.forwarded_to(proc)):
         try:
             for line in proc.stderr:  # pass the stage's log through, keep its end for errors
                 sys.stderr.write(line)
@@ -179,8 +139,6 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
         except BaseException:  # interrupted: the stage ends too, not after its last step
             proc.terminate()
             raise
-        finally:
-            _STAGES.discard(proc)
     p = load_params(params_path)
     if proc.returncode != 0:  # its MLflow run is not left RUNNING, whatever ended it
         try:
@@ -188,8 +146,8 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
                                     f"its process ended with exit {proc.returncode} without closing it")
         except Exception as e:  # noqa: BLE001 - the stage's own failure is the one to report
             get_run_logger().warning("stage %s: its MLflow run could not be closed: %s", name, e)
-    if _TERMINATED.is_set():
-        raise Terminated(f"stage {name}: terminated by SIGTERM (exit {proc.returncode})")
+    if signals.received():
+        raise signals.Terminated(f"stage {name}: terminated by SIGTERM (exit {proc.returncode})")
     if proc.returncode != 0:
         message = next((ln[len("error: "):] for ln in reversed(lines) if ln.startswith("error: ")),
                        None)
@@ -249,7 +207,12 @@ def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
     from pipeline.ops.lock import project_lock
 
     plain_user_errors_on_consoles("prefect", "prefect.flow_runs", "prefect.task_runs")
-    with project_lock(Path(params_path).resolve().parent, wait), _sigterm_ends_the_stage():
+    # SIGTERM goes to the running stage's process, which ends as a failure (its MLflow run FAILED,
+    # its temp outputs removed); the flow fails with it, and Prefect's server is stopped on the
+    # way out. With no stage process running it stops the flow at once. Installed inside the
+    # flow run because Prefect's own handler, set at its start, waits for the running stage.
+    with (project_lock(Path(params_path).resolve().parent, wait),
+          signals.ends_on_sigterm(kill_children=False)):
         return _pipeline(params_path, until)
 
 

@@ -309,28 +309,32 @@ def test_a_sigterm_python_swallows_inside_a_destructor_still_ends_the_stage_fail
     # The exit is raised inside __del__, where Python swallows it and goes on: the signal is
     # sent again, and the stage ends instead of training on for its minute.
     done = _tracked(tmp_path, (
-        "from pipeline.cli import _terminate_as_failure\n"
+        "from pipeline.ops.signals import ends_on_sigterm\n"
         "class SigtermWhenCollected:\n"
         "    def __del__(self):\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
         "        time.sleep(1)\n"
-        "with _terminate_as_failure(), tracking.mlflow_run(cfg, root, 'stage'):\n"
+        "with ends_on_sigterm(), tracking.mlflow_run(cfg, root, 'stage'):\n"
         "    SigtermWhenCollected()\n"
         "    time.sleep(60)\n"))
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
-    assert _statuses(tmp_path)["stage"] == ("FAILED", "SigtermExit: 143")
+    assert _statuses(tmp_path)["stage"] == ("FAILED", "Terminated: terminated by SIGTERM")
 
 
 def test_a_terminated_stage_exits_143_whatever_its_way_out_raises(tmp_path):
     # As when the workers the SIGTERM killed make torch or a process pool raise on the way out.
     done = _tracked(tmp_path, (
-        "from pipeline.cli import _terminate_as_failure\n"
-        "with _terminate_as_failure(), tracking.mlflow_run(cfg, root, 'stage'):\n"
-        "    try:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        time.sleep(60)\n"
-        "    finally:\n"
-        "        raise RuntimeError('a worker it killed')\n"))
+        "from pipeline.ops.signals import Terminated, ends_on_sigterm\n"
+        "try:\n"
+        "    with ends_on_sigterm(), tracking.mlflow_run(cfg, root, 'stage'):\n"
+        "        try:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "            time.sleep(60)\n"
+        "        finally:\n"
+        "            raise RuntimeError('a worker it killed')\n"
+        "except Terminated as e:\n"  # as `bertflow` says it
+        "    print(f'error: {e}', file=sys.stderr)\n"
+        "    raise\n"))
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     assert "on the way out: RuntimeError: a worker it killed" in done.stderr
     assert _statuses(tmp_path)["stage"] == ("FAILED", "RuntimeError: a worker it killed")
