@@ -41,7 +41,13 @@ test-fast: install  ## the fast loop while editing: every test not marked slow (
 lint: install
 	ruff check .
 
-bench: install  ## data path; prediction and serving (need `make run` first); results in benchmarks/RESULTS.md
-	python benchmarks/data_throughput.py
-	python benchmarks/predict_throughput.py
-	python benchmarks/serve_load.py
+# The speed set (benchmarks/speed) that needs no pipeline run, then batch prediction and serving,
+# which need `make run` first; the others are run by hand (docs/benchmarks.md). Each rewrites its
+# section of benchmarks/RESULTS.md.
+bench: install  ## speed benchmarks; prediction and serving need `make run` first
+	python -m benchmarks.speed.data_throughput
+	python -m benchmarks.speed.pretrain_throughput
+	python -m benchmarks.speed.cpu_bf16
+	python -m benchmarks.speed.optimizer_step
+	python -m benchmarks.speed.predict_throughput
+	python -m benchmarks.speed.serve_load

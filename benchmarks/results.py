@@ -1,9 +1,11 @@
-"""benchmarks/RESULTS.md, one `## ...` section per benchmark: each script rewrites its own."""
+"""benchmarks/RESULTS.md, one `## ...` section per benchmark: each script rewrites its own, and
+says under its title when and on what machine its figures were measured (`measured`)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from datetime import date
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -46,3 +48,17 @@ def write_section(text: str, path: Path = RESULTS) -> None:
     with os.fdopen(fd, "w") as f:
         f.write("\n\n".join(kept) + "\n")
     os.replace(tmp, path)
+
+
+def measured() -> str:
+    """`Measured DATE on MACHINE.`, the line under a section's title: the CPU model, its family,
+    model and stepping and the flags that select kernels (components.core.machine), torch's
+    threads and version, and the GPU torch sees, if any."""
+    import torch
+
+    from components.core.machine import cpu_facts
+
+    f = cpu_facts()
+    gpu = f"GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no GPU"
+    return (f"Measured {date.today().isoformat()} on {f['cpu_model']} ({f['cpu_id'] or 'id unknown'}; "
+            f"flags {f['cpu_flags'] or 'none listed'}), {f['threads']} threads, torch {f['torch']}, {gpu}.")

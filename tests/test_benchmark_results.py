@@ -1,4 +1,5 @@
-"""benchmarks/RESULTS.md: each benchmark rewrites its own section and no other."""
+"""benchmarks/RESULTS.md: each benchmark rewrites its own section and no other, dated and with its
+machine."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def test_a_section_is_read_back_whole_and_a_missing_one_is_empty(tmp_path):
     assert read_section("## Data path", path).strip() == "## Data path\n\nrows/s 10"
     assert read_section("## Batch prediction", path) == ""
     assert read_section("## Data path", tmp_path / "none.md") == ""
+
+
+def test_a_section_says_when_and_on_what_it_was_measured():
+    import datetime
+
+    from benchmarks.results import measured
+    from components.core.machine import cpu_facts
+
+    line = measured()
+    assert line.startswith(f"Measured {datetime.date.today().isoformat()} on {cpu_facts()['cpu_model']} (")
+    assert " threads, torch " in line and line.endswith(".")

@@ -42,14 +42,15 @@ def test_dockerfile_installs_what_pyproject_pins_and_runs_as_a_user():
 
 
 def test_the_installed_package_holds_every_subpackage():
-    # `pip install .` (the Docker image) installs what setuptools finds: every floor of components.
+    # `pip install .` (the Docker image) installs what setuptools finds: every floor of components;
+    # the editable install (`make install`) also the benchmarks, run as its modules.
     import tomllib
 
     from setuptools import find_packages
 
     find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     found = set(find_packages(where=str(ROOT), include=find["include"]))
-    ours = {".".join(p.parent.relative_to(ROOT).parts) for top in ("components", "pipeline")
+    ours = {".".join(p.parent.relative_to(ROOT).parts) for top in ("components", "pipeline", "benchmarks")
             for p in (ROOT / top).rglob("__init__.py")}
     assert found == ours
 

@@ -4,7 +4,7 @@ DVC's way) or by libyaml (the flow's), asking DVC whether the stage is stale (th
 for a stage dvc.lock has never recorded), and its lineage tags hashed by DVC or read from its
 record. The variants alternate, stage by stage, so both see the same machine.
 
-Usage:  python benchmarks/stage_records.py --project DIR [--stages 6] [--repeats 3]
+Usage:  python -m benchmarks.speed.stage_records --project DIR [--stages 6] [--repeats 3]
   DIR: a DVC project after a whole `bertflow run` (the default run's, or a test's small one);
   its dvc.lock is rewritten with the same bytes, under the project lock.
 Writes the "Stage records" section of benchmarks/RESULTS.md.
@@ -15,20 +15,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from components.core.machine import cpu_facts
+from pipeline import versioning
+from pipeline.ops.lock import project_lock
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.machine import cpu_facts  # noqa: E402
-from pipeline import versioning  # noqa: E402
-from pipeline.ops.lock import project_lock  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Stage records"
 
@@ -80,8 +78,8 @@ def main() -> None:
         f"| **per stage** | **{dvc_way:.2f}** | **{ours:.2f}** | **{dvc_way / ours:.2f}×** |",
     ]
     text = "\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/stage_records.py --project DIR --stages {args.stages} "
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.stage_records --project DIR --stages {args.stages} "
         f"--repeats {args.repeats}` after a whole `bertflow run` in DIR. Mean seconds per stage over "
         f"{len(stages)} stages of its dvc.lock ({len(recorded)} stages, {entries:,} deps and outputs, "
         f"{lock.stat().st_size / 1024:.0f} KB), {args.repeats} rounds, the variants alternating: what "

@@ -4,27 +4,25 @@ has one; entity F1 of each, and the share of sentences whose free tags no BIO re
 (an I-X that follows neither B-X nor I-X). The same weights both ways: the difference is the
 decoding's alone.
 
-Usage:  python benchmarks/tag_decoding.py [--project DIR]   (DIR: a project that ran `make run`)
+Usage:  python -m benchmarks.experiments.tag_decoding [--project DIR]   (DIR: a project that ran `make run`)
 Writes the "Tag decoding" section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.exported import exported_models, project_option
+from benchmarks.results import measured, write_section
+from components.evaluation.metrics import score_predictions
+from components.lifecycle.inference import load_task_model
+from components.model.decoding import predict, predictions_table
+from components.model.inputs import encode
 
-from benchmarks.exported import exported_models, project_option  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.evaluation.metrics import score_predictions  # noqa: E402
-from components.lifecycle.inference import load_task_model  # noqa: E402
-from components.model.decoding import predict, predictions_table  # noqa: E402
-from components.model.inputs import encode  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Tag decoding"
 
@@ -69,8 +67,8 @@ def main() -> None:
                     f"{(r['valid'] - r['free']) * 100:+.2f} |")
         print(rows[-1], flush=True)
     text = "\n".join([
-        SECTION, "",
-        "Reproduce: `python benchmarks/tag_decoding.py` after `make run` (the exported model of "
+        SECTION, "", measured(), "",
+        "Reproduce: `python -m benchmarks.experiments.tag_decoding` after `make run` (the exported model of "
         "each BIO token task, its pretrained first seed; validation split).", "",
         "| task | decoder | sentences | free paths a BIO reader rejects | entity F1, free | "
         "entity F1, valid | gain |",

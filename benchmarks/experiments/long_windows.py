@@ -6,7 +6,7 @@ has rotary positions, which take longer windows without new weights. Each (encod
 pair is fit with 3 seeds at the task's own protocol (params.yaml: one epoch, its rate, windows
 that overlap by `chunk_overlap`); the score of a row is that of the mean of its windows' logits.
 
-Usage:  python benchmarks/long_windows.py --encoder classic=data/models/encoder \\
+Usage:  python -m benchmarks.experiments.long_windows --encoder classic=data/models/encoder \\
             modern=data/modern/models/encoder [--lengths 128 512] [--seeds 1 2 3]
 Needs the task's data (`bertflow run --until task_data@bbc-news`). Writes the "Long documents"
 section of benchmarks/RESULTS.md.
@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.exported import project_option
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.training.finetune import probe_fits
 
-from benchmarks.exported import project_option  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.training.finetune import probe_fits  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Long documents: longer windows"
 TASK = "bbc-news"
@@ -58,8 +56,9 @@ def main() -> None:
                         f"{(time.perf_counter() - start) / 60:.1f} |")
             print(rows[-1], flush=True)
     write_section("\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/long_windows.py --encoder {' '.join(n + '=DIR' for n in encoders)} "
+        SECTION, "", measured(), "",
+        "Reproduce: `python -m benchmarks.experiments.long_windows --encoder "
+        f"{' '.join(n + '=DIR' for n in encoders)} "
         f"--lengths {' '.join(map(str, args.lengths))}` ({torch.get_num_threads()} threads, fits side by "
         "side as the finetune stage runs them; each DIR an encoder folder).",
         "",

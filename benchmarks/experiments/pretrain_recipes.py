@@ -6,7 +6,7 @@ an 80-step run, so start-up is not counted), then sets `max_steps` so that warmu
 decay end within the budget, trains, and records the held-out curve. Each row's tokenizer and
 pairs are built into DIR first (seconds, once per setting).
 
-Usage:  python benchmarks/pretrain_recipes.py [--only SOP ELECTRA] [--workdir DIR] [--steps N]
+Usage:  python -m benchmarks.experiments.pretrain_recipes [--only SOP ELECTRA] [--workdir DIR] [--steps N]
         [--probe-seeds 1 2 3] [--step-cost]
 Needs the data stages' outputs (`bertflow run --until pairs`) and the prepared tasks
 (`bertflow stage task_data@TASK` for each task of params.yaml; `make run` makes both).
@@ -20,16 +20,14 @@ import dataclasses
 import hashlib
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from components.core.config import ModelSize, Params
+from components.core.params import load_params
 
-from components.core.config import ModelSize, Params  # noqa: E402
-from components.core.params import load_params  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 TWO = {"layers": 2, "hidden": 256, "heads": 4, "intermediate": 1024}
 FOUR = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}

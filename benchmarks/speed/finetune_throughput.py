@@ -7,7 +7,7 @@ data and process start-up included); against the pretrain stage's tokens over it
 (validation and snapshots included), on the same machine in the same run. A ratio near 1 means
 fine-tuning spends its minutes training, as pretraining does; what it costs is where its steps go.
 
-Usage:  python benchmarks/finetune_throughput.py [--project .]
+Usage:  python -m benchmarks.speed.finetune_throughput [--project .]
 Needs a finished `make run` in the project (its MLflow store, metrics/ and data/). Writes the
 "Fine-tuning throughput" section of benchmarks/RESULTS.md.
 """
@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import write_section
+from components.core.params import load_params
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Fine-tuning throughput"
 
@@ -102,7 +100,7 @@ def main() -> None:
         "| stage | tokens trained | minutes | tokens/s | vs pretraining |",
         "|---|---|---|---|---|",
         *rows, "",
-        "Reproduce: `make run`, then `python benchmarks/finetune_throughput.py`.",
+        "Reproduce: `make run`, then `python -m benchmarks.speed.finetune_throughput`.",
     ])
     write_section(text)
     print(text)

@@ -7,7 +7,7 @@ The teacher and the pretrained encoder are the run's (`bertflow run -p params-di
 with the variant's settings) and fits the student at the task's first rate (a student cut from the
 teacher's checkpoint, `student_layers`, at the teacher's rates); the test split is never read.
 
-Usage:  python benchmarks/distill_variants.py --task trec-6 \\
+Usage:  python -m benchmarks.experiments.distill_variants --task trec-6 \\
             --variant base='{}' soft='{"alpha": 1.0}' t4='{"temperature": 4.0, "alpha": 0.9}' \\
             copies6='{"augment_copies": 6}' epochs6='{"epochs": 6}' minilm01='{"student_layers": [0, 1]}'
         [--params params-distill.yaml] [--project DIR]
@@ -21,20 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.exported import project_option
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.training.finetune import finetune_task, learning_rates
+from components.training.student import student_encoder
+from components.training.transfer_set import build_transfer
 
-from benchmarks.exported import project_option  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.training.finetune import finetune_task, learning_rates  # noqa: E402
-from components.training.student import student_encoder  # noqa: E402
-from components.training.transfer_set import build_transfer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 TASK_KEYS = ("epochs", "transfer_corpus", "transfer_pairs", "pair_link")
 
@@ -83,12 +81,15 @@ def main() -> None:
                     f"{r['minutes']:.1f} |")
         print(rows[-1], flush=True)
     seeds = " ".join(map(str, p.finetune.seeds))
-    layers = p.distill.student_layers
+    # The student the variants share (the params file's unless they all name another), so that a
+    # run of other students gets a section of its own instead of replacing the params file's.
+    cuts = [c.get("student_layers", p.distill.student_layers) for c in variants.values() if c is not None]
+    layers = cuts[0] if all(c == cuts[0] for c in cuts) else p.distill.student_layers
     student = (f"layers {', '.join(map(str, layers))} of {p.distill.teacher}" if layers
                else "the pretrained encoder")
     write_section("\n".join([
-        f"## Distillation settings: {args.task}, student {student}", "",
-        f"Reproduce: `python benchmarks/distill_variants.py --task {args.task} --variant "
+        f"## Distillation settings: {args.task}, student {student}", "", measured(), "",
+        f"Reproduce: `python -m benchmarks.experiments.distill_variants --task {args.task} --variant "
         + " ".join(f"{k}='{json.dumps(c)}'" for k, c in variants.items() if c is not None)
         + f"` after `bertflow run -p {args.params} --until teacher@{args.task}` (validation, "
         f"seeds {seeds}; the settings not named are {args.params}'s).", "",

@@ -6,7 +6,7 @@ trains), from the same clean corpus and tokenizer.
 Both are built here in a temporary folder by the pairs stage's own code, then streamed as the
 pretrain stage streams them (PairBatches: each batch padded to its longest row).
 
-Usage:  python benchmarks/padding.py [--batches 200]   (after `bertflow run --until tokenizer`)
+Usage:  python -m benchmarks.speed.padding [--batches 200]   (after `bertflow run --until tokenizer`)
 Writes the "Padding in pretraining batches" section of benchmarks/RESULTS.md.
 """
 
@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.data.pairs import make_pairs
+from components.model.masking import Masker
+from components.training.pretrain_data import PairBatches, masking_spec
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.data.pairs import make_pairs  # noqa: E402
-from components.model.masking import Masker  # noqa: E402
-from components.training.pretrain_data import PairBatches, masking_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Padding in pretraining batches"
 
@@ -56,8 +54,8 @@ def main() -> None:
             rows.append(f"| {mode} | {length:.1f} | **{share:.1%}** |")
             print(rows[-1], flush=True)
     text = "\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/padding.py --batches {args.batches}` (the default corpus and "
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.padding --batches {args.batches}` (the default corpus and "
         f"tokenizer; batch {p.pretrain.batch_size}, pairs.max_seq_len {p.pairs.max_seq_len}).",
         "",
         "| pairs.mode | real tokens per row | padding share of the computed positions |",

@@ -6,7 +6,7 @@ the fp32 rate; on AVX-512 CPUs without it, bf16 is emulated and far slower. Both
 measured here too. Steps: the default preset's encoder with a classification head on a batch of
 `finetune.batch_size` × `finetune.max_seq_len`, and the token head on the same batch; AdamW.
 
-Usage:  python benchmarks/cpu_bf16.py [--steps 12]
+Usage:  python -m benchmarks.speed.cpu_bf16 [--steps 12]
 Writes the "bf16 on CPU" section of benchmarks/RESULTS.md.
 """
 
@@ -15,21 +15,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from benchmarks.speed.pretrain_throughput import matmul_rate
+from components.core.params import load_params
+from components.model.build import task_model
+from components.model.config import BertConfig
+from components.training.common import has_amx
 
-from benchmarks.pretrain_throughput import matmul_rate  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.model.build import task_model  # noqa: E402
-from components.model.config import BertConfig  # noqa: E402
-from components.training.common import has_amx  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## bf16 on CPU"
 
@@ -81,8 +79,8 @@ def main() -> None:
         print(rows[-1], flush=True)
     rates = {d: statistics.median(matmul_rate(d) for _ in range(3)) for d in (torch.float32, torch.bfloat16)}
     text = "\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/cpu_bf16.py` ({torch.get_num_threads()} threads; this CPU "
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.cpu_bf16` ({torch.get_num_threads()} threads; this CPU "
         f"{'has' if has_amx() else 'has no'} AMX).",
         "",
         f"Shape: preset `{p.model.preset}`, batch {B} × {T}, dropout {p.model.dropout}, AdamW; median "

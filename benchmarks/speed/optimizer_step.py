@@ -7,7 +7,7 @@ once on two cores has) and a pretraining step (32 × 128, MLM + NSP; all threads
 optimizer updates every parameter every step however few tokens the batch holds, the 8,192 ×
 256 word embeddings included: the smaller the batch, the larger its share.
 
-Usage:  python benchmarks/optimizer_step.py [--preset mini] [--steps 30]
+Usage:  python -m benchmarks.speed.optimizer_step [--preset mini] [--steps 30]
 Writes the "Optimizer step" section of benchmarks/RESULTS.md.
 """
 
@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.model.build import build_model
+from components.model.config import IGNORE, BertConfig
+from components.training.common import adamw
+from components.training.finetune_module import loss_of
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.model.build import build_model  # noqa: E402
-from components.model.config import IGNORE, BertConfig  # noqa: E402
-from components.training.common import adamw  # noqa: E402
-from components.training.finetune_module import loss_of  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Optimizer step"
 
@@ -97,8 +95,8 @@ def main() -> None:
                     f"| {fused['step'] * 1e3:.1f} ms ({fused['opt'] / fused['step']:.0%}) "
                     f"| **{loop['step'] / fused['step']:.2f}** |")
     text = "\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/optimizer_step.py --preset {args.preset}` (fp32, no GPU).",
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.optimizer_step --preset {args.preset}` (fp32, no GPU).",
         "",
         f"A training step (forward, backward, AdamW) of preset `{args.preset}` ({size.layers} layers × "
         f"{size.hidden}, vocab {cfg.vocab_size}), median of {args.steps} interleaved steps each; in "

@@ -9,7 +9,7 @@ the steps, the last loss, and the step time against the default's (median of the
 Two settings with one hash take the same code path here; whether a pin makes two CPU *models*
 agree needs this run on both (compare the hashes of the same setting across machines).
 
-Usage:  python benchmarks/cpu_paths.py [--steps 30]
+Usage:  python -m benchmarks.checks.cpu_paths [--steps 30]
 Writes the section "CPU code paths (<cpu id>)" of benchmarks/RESULTS.md: one per CPU model, so
 that runs on other machines add theirs beside it and the hashes of one setting can be compared.
 """
@@ -26,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## CPU code paths"
 SETTINGS = {
@@ -92,7 +93,7 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if k not in pins}
     results = {}
     for name, env in SETTINGS.items():
-        proc = subprocess.run([sys.executable, __file__, "--worker", "--steps", str(args.steps)],
+        proc = subprocess.run([sys.executable, "-m", __spec__.name, "--worker", "--steps", str(args.steps)],
                               env={**base, **env}, capture_output=True, text=True, check=True)
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(name, results[name]["sha256"], f"{results[name]['step_s']:.3f} s", flush=True)
@@ -101,8 +102,8 @@ def main() -> None:
     rows = [f"| {name} | `{r['sha256']}` | {'same' if r['sha256'] == ref['sha256'] else 'differs'} | "
             f"{r['loss']:.6f} | {r['step_s'] / ref['step_s']:.2f} |" for name, r in results.items()]
     text = "\n".join([
-        f"{SECTION} ({facts['cpu_id'] or facts['cpu_model']})", "",
-        f"Reproduce: `python benchmarks/cpu_paths.py --steps {args.steps}` (a fresh process per "
+        f"{SECTION} ({facts['cpu_id'] or facts['cpu_model']})", "", measured(), "",
+        f"Reproduce: `python -m benchmarks.checks.cpu_paths --steps {args.steps}` (a fresh process per "
         "setting; the default shape, fixed seeded batches, AdamW).",
         "",
         f"CPU: {facts['cpu_model']} ({facts['cpu_id']}; caches {facts['caches']}), flags "
@@ -115,8 +116,6 @@ def main() -> None:
         *rows, "",
     ])
     print(text)
-    from benchmarks.results import write_section
-
     write_section(text)
 
 

@@ -8,7 +8,7 @@ masked positions). In fp32, and in bf16 autocast where the CPU has AMX (`amx_bf1
 /proc/cpuinfo), where bf16 matrix products run several times the fp32 rate. Each precision's
 matrix-product rate is measured in the same run; model FLOPs utilisation (MFU) is against it.
 
-Usage:  python benchmarks/pretrain_throughput.py [--preset mini] [--steps 12] [--bf16 auto|yes|no]
+Usage:  python -m benchmarks.speed.pretrain_throughput [--preset mini] [--steps 12] [--bf16 auto|yes|no]
 Writes the "Pretraining step" section of benchmarks/RESULTS.md.
 """
 
@@ -17,23 +17,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.model.build import build_model
+from components.model.config import IGNORE, BertConfig
+from components.model.hf_layout import hf_config
+from components.model.pretraining import count_flops_per_token
+from components.training.common import has_amx
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.model.build import build_model  # noqa: E402
-from components.model.config import IGNORE, BertConfig  # noqa: E402
-from components.model.hf_layout import hf_config  # noqa: E402
-from components.model.pretraining import count_flops_per_token  # noqa: E402
-from components.training.common import has_amx  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Pretraining step"
 
@@ -159,8 +157,8 @@ def main() -> None:
                         f"**{r['mfu']:.0%}** |")
             print(rows[-1], flush=True)
     text = "\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/pretrain_throughput.py --preset {args.preset}` "
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.pretrain_throughput --preset {args.preset}` "
         f"({args.threads} threads, no GPU; bf16 rows where the CPU has AMX).",
         "",
         f"Shape: preset `{args.preset}` ({size.layers} layers × {size.hidden} hidden, {size.heads} heads, "

@@ -11,7 +11,7 @@ task splits of a finished run (`data/tasks`), on the same cores, one fit at a ti
 Both are scored by the same functions on the test split (seqeval entity F1; accuracy), test
 once per fit. Wall minutes include data preparation, validation and the test prediction.
 
-Usage:  python benchmarks/finetune_vs_hf.py [--project .] [--tasks conll2003-ner movie-sentiment]
+Usage:  python -m benchmarks.checks.finetune_vs_hf [--project .] [--tasks conll2003-ner movie-sentiment]
         [--lrs 5e-5 1e-4 2e-4] [--seeds 1]
 Writes the "Fine-tuning against transformers' Trainer" section of benchmarks/RESULTS.md.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from datetime import date
@@ -29,11 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import read_section, write_section
+from components.core.params import load_params
 
-from benchmarks.results import read_section, write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Fine-tuning against transformers' Trainer"
 CHECKPOINT = "all-minilm-l6-v2"
@@ -204,7 +202,7 @@ def main() -> None:
         "padded to the longest of a random draw), so an epoch is half the steps, each on less padding.",
         "",
         "Reproduce a row: `make run` (the task data), then",
-        "`python benchmarks/finetune_vs_hf.py --tasks TASK` (the others' rows stay as they are).",
+        "`python -m benchmarks.checks.finetune_vs_hf --tasks TASK` (the others' rows stay as they are).",
     ])
     write_section(text)
     print(text)

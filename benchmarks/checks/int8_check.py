@@ -3,32 +3,30 @@ stage (components.model.onnx_model.write_onnx): the ONNX graph, its int8 twin, a
 int8 model's answers on the test split compare with the fp32 torch model's; with the seconds
 the export, the quantization and the check took.
 
-Usage:  python benchmarks/int8_check.py [--project DIR]   (DIR: a project that ran `make run`)
+Usage:  python -m benchmarks.checks.int8_check [--project DIR]   (DIR: a project that ran `make run`)
 Writes the "int8 check" section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.exported import exported_models, project_option
+from benchmarks.results import measured, write_section
+from components.data.tasks.folder import read_split
+from components.evaluation.metrics import primary_metric
+from components.lifecycle.inference import load_task_model
+from components.model.decoding import predict
+from components.model.inputs import encode
+from components.model.onnx_model import write_onnx
+from components.training.finetune_module import score
 
-from benchmarks.exported import exported_models, project_option  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.data.tasks.folder import read_split  # noqa: E402
-from components.evaluation.metrics import primary_metric  # noqa: E402
-from components.lifecycle.inference import load_task_model  # noqa: E402
-from components.model.decoding import predict  # noqa: E402
-from components.model.inputs import encode  # noqa: E402
-from components.model.onnx_model import write_onnx  # noqa: E402
-from components.training.finetune_module import score  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## int8 check"
 
@@ -71,8 +69,8 @@ def main() -> None:
                         f"{r['fp32'] * 100:.2f} | {r['int8'] * 100:.2f} | {verdict} | {r['seconds']:.0f} |")
             print(rows[-1], flush=True)
     write_section("\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/int8_check.py` after `make run` ({torch.get_num_threads()} "
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.checks.int8_check` after `make run` ({torch.get_num_threads()} "
         "threads; what `finetune.onnx: true` checks in the finetune stage). Each task's exported "
         "model (pretrained, first seed) on its test split: the share of examples whose int8 answer "
         "(label, tag sequence, spans) equals the fp32 torch model's, and the metric of each. "

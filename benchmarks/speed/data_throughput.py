@@ -8,7 +8,7 @@
    copied four times under new document ids (clean still reads and processes all of it; its
    dedup then drops the copies).
 
-Usage:  python benchmarks/data_throughput.py [--workdir DIR] [--repeats 3]
+Usage:  python -m benchmarks.speed.data_throughput [--workdir DIR] [--repeats 3]
 Writes the "Data path" section of benchmarks/RESULTS.md.
 """
 
@@ -27,12 +27,11 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from components.core.io import list_shards
+from components.core.params import load_params
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.io import list_shards  # noqa: E402
-from components.core.params import load_params  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Data path"
 
@@ -136,8 +135,8 @@ def memory(work: Path) -> dict:
 
 def report(t: dict, m: dict, command: str) -> str:
     lines = [
-        SECTION, "",
-        f"Reproduce: `{command}` (2 cores, no GPU; default params, {t['workers']} shard workers).",
+        SECTION, "", measured(), "",
+        f"Reproduce: `{command}` (default params, {t['workers']} shard workers).",
         "",
         f"Corpus: the default one after cleaning, {t['sentences']:,} sentences, "
         f"{t['tokens']:,} tokens.",
@@ -174,7 +173,7 @@ def main() -> None:
     t = throughput(args.workdir, args.repeats)
     m = memory(args.workdir)
     print(json.dumps({"throughput": t, "memory": m}, indent=2))
-    write_section(report(t, m, "python benchmarks/data_throughput.py"))
+    write_section(report(t, m, "python -m benchmarks.speed.data_throughput"))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ model exported with `bertflow export-hf`, run by `pipeline("text-classification"
 truncation at the same length, once with its default (one sentence per call) and once batched
 like ours (padding to the longest of each batch).
 
-Usage:  python benchmarks/predict_throughput.py [--task movie-sentiment] [--sentences 2000]
+Usage:  python -m benchmarks.speed.predict_throughput [--task movie-sentiment] [--sentences 2000]
                                                 [--params params-distill.yaml]
 Needs the task's exported model (`make run`, or `bertflow run -p params-distill.yaml`: its
 exported model is the distilled student). Writes the "Batch prediction" section of
@@ -24,20 +24,18 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.checks.int8_check import check
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.model.onnx_model import FP32, INT8, ONNX_DIR, quantize, read_check
 
-from benchmarks.int8_check import check  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.model.onnx_model import FP32, INT8, ONNX_DIR, quantize, read_check  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Batch prediction"
 
@@ -136,10 +134,10 @@ def main() -> None:
     print({**median, "agreement": agree, "int8_agreement": int8_agree})
     lengths = [len(x.split()) for x in texts]
     b = args.batch_size
-    reproduce = " ".join(["python benchmarks/predict_throughput.py", f"--task {args.task}",
+    reproduce = " ".join(["python -m benchmarks.speed.predict_throughput", f"--task {args.task}",
                           *([f"--params {args.params}"] if args.params != "params.yaml" else [])])
     lines = [
-        SECTION if teacher_dir is None else f"{SECTION}: distilled student and teacher", "",
+        SECTION if teacher_dir is None else f"{SECTION}: distilled student and teacher", "", measured(), "",
         f"Reproduce: `{reproduce}` ({args.threads} threads, no GPU; needs the run first).", "",
         f"Model: the exported `{args.task}` classifier ({len(ours.model.encoder.blocks)} layers × "
         f"{ours.model.classifier.in_features} hidden, fit `{ours.info.fit}`), max length "

@@ -9,7 +9,7 @@ and a fifth of its CPU time in the kernel. `glibc.malloc.mmap_max=0` serves them
 instead, and a high trim threshold keeps the heap's top from being handed back each step. The
 CLI sets both for every pipeline process (pipeline/ops/env.py); this measures what they buy.
 
-Usage:  python benchmarks/malloc.py [--steps 120] [--rounds 2]
+Usage:  python -m benchmarks.speed.malloc [--steps 120] [--rounds 2]
 Needs the pipeline's tokenizer and pairs (`make run` makes them). Results: the "Memory
 allocator in pretraining" section of RESULTS.md.
 """
@@ -26,18 +26,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from pipeline.ops.env import TUNABLES
 
-from benchmarks.results import write_section  # noqa: E402
-from pipeline.ops.env import TUNABLES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Memory allocator in pretraining"
 VARIANTS = {"glibc defaults": "", "mmap_max=0, trim_threshold=1 GiB (the CLI's)": TUNABLES}
 CHILD = """
 import json, sys
 from pathlib import Path
-from benchmarks.arch_probe import QUIET, trainer
+from benchmarks.experiments.arch_probe import QUIET, trainer
 from components.core.params import load_params
 steps, short, out = int(sys.argv[1]), sys.argv[2] == "short", Path(sys.argv[3])
 run = trainer(load_params(Path("params.yaml")), out, "malloc")
@@ -99,8 +98,8 @@ def section(args: argparse.Namespace, got: dict) -> str:
                         f"{statistics.median(r['faults'] for r in rs):,.0f} | "
                         f"{statistics.median(r['sys_share'] for r in rs):.0%} | **{base / s:.2f}** |")
     return "\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/malloc.py --steps {args.steps} --rounds {args.rounds}` "
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.malloc --steps {args.steps} --rounds {args.rounds}` "
         "(the default preset, 2 threads; each variant's runs in fresh processes, interleaved; "
         "a step is an N-step run less an N/4-step one; medians over rounds).", "",
         "| phase | GLIBC_TUNABLES | s / step, each round | minor faults / step | "

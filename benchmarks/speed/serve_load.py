@@ -1,7 +1,7 @@
 """Serving under load: 1,000 concurrent requests on loopback to a task's champion served by
 `mlflow models serve`, each answer checked against the offline prediction of the same text.
 
-Usage:  python benchmarks/serve_load.py [--task movie-sentiment] [--requests 1000] [--workers 2]
+Usage:  python -m benchmarks.speed.serve_load [--task movie-sentiment] [--requests 1000] [--workers 2]
 Needs the registry of a `make run`. Writes the "Serving under load" section of
 benchmarks/RESULTS.md: errors, mismatches, latency percentiles and requests/s.
 """
@@ -19,12 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from benchmarks.speed.predict_throughput import sentences
+from components.core.params import load_params
 
-from benchmarks.predict_throughput import sentences  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Serving under load"
 
@@ -113,9 +112,9 @@ def main() -> None:
     print({"errors": errors, "mismatches": mismatches, "wall_s": wall, **pct, "max": ms[-1],
            "mean": statistics.mean(ms)})
     write_section("\n".join([
-        SECTION, "",
-        f"Reproduce: `python benchmarks/serve_load.py --task {args.task} --requests {args.requests} "
-        f"--workers {args.workers}` (2 cores, no GPU; needs `make run` first).", "",
+        SECTION, "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.serve_load --task {args.task} --requests {args.requests} "
+        f"--workers {args.workers}` (needs `make run` first).", "",
         f"`mlflow models serve -m {model_uri} --env-manager local -w {args.workers}` on 127.0.0.1; "
         f"{len(texts):,} requests of one sentence each, all sent at once from one asyncio client "
         "(one connection per request); each answer compared with the offline pyfunc prediction "

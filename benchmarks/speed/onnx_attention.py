@@ -6,7 +6,7 @@ at the model (no tokenization), on padded batches of one shape, passes interleav
 Models: a task's teacher (6 x 384, MiniLM fine-tuned) and its first two layers (2 x 384, the
 size of a student cut by `distill.student_layers: [0, 1]`; its head as the teacher's).
 
-Usage:  python benchmarks/onnx_attention.py [--task movie-sentiment] [--params params-distill.yaml]
+Usage:  python -m benchmarks.speed.onnx_attention [--task movie-sentiment] [--params params-distill.yaml]
         [--project DIR]   (after `bertflow run -p params-distill.yaml --until teacher@TASK`)
 Writes the "ONNX attention export" section of benchmarks/RESULTS.md.
 """
@@ -16,22 +16,20 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.exported import project_option
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.lifecycle.inference import load_task_model
+from components.model import onnx_model
+from components.model.onnx_model import OnnxHead, export_graph, quantize
 
-from benchmarks.exported import project_option  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.lifecycle.inference import load_task_model  # noqa: E402
-from components.model import onnx_model  # noqa: E402
-from components.model.onnx_model import OnnxHead, export_graph, quantize  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 BATCH, TOKENS, PASSES, ROUNDS = 64, 40, 10, 3
 
@@ -93,8 +91,8 @@ def main() -> None:
         rows.append(f"| {label} | {base:,.0f} | {cells} | **{gain:.2f}** |")
         print(rows[-1], flush=True)
     write_section("\n".join([
-        "## ONNX attention export", "",
-        f"Reproduce: `python benchmarks/onnx_attention.py --task {args.task} --params {args.params}` "
+        "## ONNX attention export", "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.onnx_attention --task {args.task} --params {args.params}` "
         f"(2 threads, no GPU; after `bertflow run -p {args.params} --until teacher@{args.task}`).", "",
         f"Sentences per second at the model (no tokenization), batches of {BATCH} padded to {TOKENS} tokens "
         f"(each row {TOKENS // 2}-{TOKENS} real), median of {ROUNDS} interleaved rounds of {PASSES} passes; "

@@ -9,7 +9,7 @@ side (an N-step run less an N/4-step one, so start-up is not counted), and each 
 first one's phase split, warmup share and validation count. The step counts are recorded: a
 rerun with `--steps PRESET=N` trains exactly the same encoders anywhere.
 
-Usage:  python benchmarks/arch_probe.py [--presets params-classic.yaml params.yaml]
+Usage:  python -m benchmarks.experiments.arch_probe [--presets params-classic.yaml params.yaml]
         [--seeds 42 43] [--probe-seeds 1 2 3] [--workdir DIR] [--steps params.yaml=N]
         [--encoder params.yaml:42=data/models/encoder]
 Needs the data stages' outputs (tokenizer, clean corpus) and the prepared probe tasks (`make
@@ -24,19 +24,18 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import measured, write_section
+from components.core.config import Params
+from components.core.params import load_params
+from components.training.probe import PROBE, probe
 
-from benchmarks.results import write_section  # noqa: E402
-from components.core.config import Params  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.training.probe import PROBE, probe  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## Modern against classic: the transfer probe, time-matched"
+DEFAULT_PRESETS = ["params-classic.yaml", "params.yaml"]
 QUIET = {"val_every_steps": 10**9, "snapshot_every_steps": 10**9, "log_every_steps": 10**9}
 
 
@@ -133,7 +132,7 @@ def table(results: list[dict]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=["params-classic.yaml", "params.yaml"])
+    parser.add_argument("--presets", nargs="+", default=DEFAULT_PRESETS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 43], help="pretraining seeds")
     parser.add_argument("--probe-seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertflow-arch-probe"))
@@ -190,9 +189,12 @@ def main() -> None:
 
 def section(args: argparse.Namespace, steps: dict[str, int], results: list[dict], missing: list[str]) -> str:
     """RESULTS.md's section: how to reproduce, what was run, the table (and what is still to run)."""
+    # Other presets get a section of their own: write_section replaces a section by its title.
+    title = SECTION if args.presets == DEFAULT_PRESETS else (
+        "## The transfer probe, time-matched: " + " against ".join(args.presets))
     return "\n".join([
-        SECTION, "",
-        "Reproduce: `python benchmarks/arch_probe.py --presets " + " ".join(args.presets) +
+        title, "", measured(), "",
+        "Reproduce: `python -m benchmarks.experiments.arch_probe --presets " + " ".join(args.presets) +
         " --steps " + " ".join(f"{n}={s}" for n, s in steps.items()) + "` (2 threads, no GPU).", "",
         f"Each preset pretrained with {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); "
         f"each encoder fine-tuned by the transfer probe with {len(args.probe_seeds)} seeds, "

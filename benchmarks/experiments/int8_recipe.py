@@ -5,7 +5,8 @@ model and, with the distill preset, each teacher. Per model and recipe: the shar
 examples whose int8 answer equals the fp32 torch model's (the int8 check serves at >= 99%), the
 test metric, and int8 sentences per second on the test split (median of interleaved repeats).
 
-Usage:  python benchmarks/int8_recipe.py [--project DIR] [--params params-distill.yaml] [--repeats 3]
+Usage:  python -m benchmarks.experiments.int8_recipe [--project DIR] [--params params-distill.yaml]
+            [--repeats 3]
 Writes the "int8 recipe: PARAMS" section of benchmarks/RESULTS.md.
 """
 
@@ -13,23 +14,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.checks.int8_check import fp32_on_test
+from benchmarks.exported import project_option
+from benchmarks.results import measured, write_section
+from components.core.params import load_params
+from components.model.decoding import predict
+from components.model.onnx_model import OnnxHead, _answer, export_graph, quantize
+from components.training.finetune_module import score
 
-from benchmarks.exported import project_option  # noqa: E402
-from benchmarks.int8_check import fp32_on_test  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.model.decoding import predict  # noqa: E402
-from components.model.onnx_model import OnnxHead, _answer, export_graph, quantize  # noqa: E402
-from components.training.finetune_module import score  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## int8 recipe"  # ": PARAMS" follows: one section per params file
 
@@ -97,8 +96,8 @@ def main() -> None:
             lines.append(f"| {name} | {fp32 * 100:.2f} | {' | '.join(cells)} |")
             print(lines[-1], flush=True)
     write_section("\n".join([
-        f"{SECTION}: {args.params}", "",
-        f"Reproduce: `python benchmarks/int8_recipe.py --project DIR --params {args.params}` "
+        f"{SECTION}: {args.params}", "", measured(), "",
+        f"Reproduce: `python -m benchmarks.experiments.int8_recipe --project DIR --params {args.params}` "
         f"({torch.get_num_threads()} threads). Each model's ONNX graph quantized by onnxruntime's "
         f"default dynamic recipe (*{a}*) and by bertflow's (*{b}*: "
         "`components.model.onnx_model.quantize`), on its test split: agreement with the fp32 "

@@ -5,18 +5,17 @@ ModernBERT-base-size modern encoder at 128 and 512 tokens against transformers'
 where known); two short fine-tuning fits through the pipeline's own code (precision `auto`:
 bf16-mixed on CUDA); and the modern export loading in transformers with equal logits.
 
-benchmarks/gpu_check.sh runs it on a GPU (at most 8 minutes); `--tiny` runs the same on CPU in
+benchmarks/checks/gpu_check.sh runs it on a GPU (at most 8 minutes); `--tiny` runs the same on CPU in
 seconds with tiny shapes (the test suite does).
 
-Usage:  python benchmarks/gpu_check.py [--tiny] [--steps 10] [--out gpu_check.json]
-        python benchmarks/gpu_check.py --record gpu_check.json   (its "GPU check" RESULTS.md section)
+Usage:  python -m benchmarks.checks.gpu_check [--tiny] [--steps 10] [--out gpu_check.json]
+        python -m benchmarks.checks.gpu_check --record gpu_check.json   (its "GPU check" RESULTS.md section)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -24,13 +23,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results import write_section
+from benchmarks.speed.pretrain_throughput import measure
+from components.core.params import load_params
+from components.model.config import BertConfig
 
-from benchmarks.pretrain_throughput import measure  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
-from components.core.params import load_params  # noqa: E402
-from components.model.config import BertConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 # Dense bf16 tensor-core peaks (vendor figures, FLOP/s), by a substring of the device's name.
 NOMINAL_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
@@ -137,9 +135,9 @@ def record(report: dict) -> str:
     f = report["finetuning"]
     return "\n".join([
         "## GPU check", "",
-        "Reproduce: `bash benchmarks/gpu_check.sh` on the GPU (its report, as that run wrote it: "
-        "benchmarks/gpu_check.json), then `python benchmarks/gpu_check.py --record "
-        f"benchmarks/gpu_check.json`. Device: {report['device']}, torch {report['torch']}.", "",
+        "Reproduce: `bash benchmarks/checks/gpu_check.sh` on the GPU (its report, as that run wrote it: "
+        "benchmarks/checks/gpu_check.json), then `python -m benchmarks.checks.gpu_check --record "
+        f"benchmarks/checks/gpu_check.json`. Device: {report['device']}, torch {report['torch']}.", "",
         "bf16 autocast pretraining steps, AdamW, interleaved with transformers' twin at the same shape "
         "(`BertForPreTraining` with NSP at 15% masking; `ModernBertForMaskedLM` with sparse prediction "
         "at 30%), sdpa, median of the timed steps. MFU against the bf16 8192² matrix-product rate "
