@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from components.core.errors import BertflowError
+from pipeline.ops import signals
 
 HOST = "127.0.0.1"  # this machine only: the API has no authentication
 DEFAULT_PORT = 4200  # Prefect's own default, where its docs say the UI is
@@ -198,8 +199,6 @@ def serving_api(root: Path, port: int = DEFAULT_PORT,
                 say: Callable[[str], None] = print) -> Iterator[str]:
     """The Prefect API for `bertflow serve`: the configured one; else the project's server,
     reused if it runs, else started here and stopped (with its process group) on exit."""
-    from pipeline.ops.ui import stop_group
-
     configured = check_configured_api()
     if configured:
         say(f"Prefect API: {configured} (PREFECT_API_URL)")
@@ -215,7 +214,7 @@ def serving_api(root: Path, port: int = DEFAULT_PORT,
         yield server.api_url
     finally:
         if proc is not None:
-            stop_group(proc)
+            signals.stop_group(proc)
             (home(root) / "server.json").unlink(missing_ok=True)
 
 
@@ -241,9 +240,7 @@ def _spawn(root: Path, port: int, owner: int | None,
     try:
         _wait_healthy(server, proc, log)
     except BaseException:
-        from pipeline.ops.ui import stop_group
-
-        stop_group(proc)
+        signals.stop_group(proc)
         (folder / "server.json").unlink(missing_ok=True)
         raise
     return server, proc

@@ -10,14 +10,13 @@ starts unless `bertflow server start` already did: Prefect's temporary server ne
 from __future__ import annotations
 
 import contextlib
-import signal
 import warnings
 from pathlib import Path
 
 from prefect import Flow
 
 from components.core.params import load_params
-from pipeline.ops import prefect_server
+from pipeline.ops import prefect_server, signals
 
 
 def serve(scheduled: Flow, params_path: Path, until: str | None = None,
@@ -30,14 +29,14 @@ def serve(scheduled: Flow, params_path: Path, until: str | None = None,
 
     params_path = Path(params_path).resolve()
     s = load_params(params_path).schedule
-    # SIGINT too: started in the background of a script, serve inherits SIGINT ignored, and
-    # `kill -INT` must still stop it. The runner sets its own SIGTERM handler once it starts.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     # Prefect's runner stops on SIGTERM all the same (it pauses the schedule, then exits) but
     # warns that its own coroutine was never awaited.
     warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited")
     try:
-        with (prefect_server.serving_api(params_path.parent, port) as api_url,
+        # A signal unwinds through the `with`, which stops the server; the runner sets its own
+        # SIGTERM handler once it starts.
+        with (signals.stop_on_signals(),
+              prefect_server.serving_api(params_path.parent, port) as api_url,
               temporary_settings({PREFECT_API_URL: api_url})):
             try:
                 # One run at a time: another would only wait for the project's run lock.
@@ -45,18 +44,10 @@ def serve(scheduled: Flow, params_path: Path, until: str | None = None,
                                      parameters={"params_path": str(params_path), "until": until},
                                      limit=1)
             finally:
-                for sig in previous:  # already stopping: a second Ctrl-C must not cut it short
-                    signal.signal(sig, signal.SIG_IGN)
+                signals.ignore_stop_signals()
                 _end_flow_runs()  # while the API is up: they report their end to it
     except KeyboardInterrupt:
         pass  # a signal before the runner started: the server is stopped all the same
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt  # unwinds through the `with`, which stops the server
 
 
 def _end_flow_runs(grace_seconds: float = 30.0) -> None:

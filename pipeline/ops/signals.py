@@ -6,7 +6,8 @@ ends at once (`ends_on_sigterm`); a flow run passes the signal on to the stage p
 for (`forwarded_to`), which ends so, and fails with it. The servers (`bertflow ui`,
 `serve-model`, `serve`) stop on SIGTERM as on Ctrl-C (`stop_on_signals`), exit code 0.
 components.core.tracking holds SIGTERM back while it opens or closes a run, then hands it to
-the handler installed here.
+the handler installed here. A server this process started in a session of its own is stopped
+with its whole process group (`stop_group`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 EXIT_CODE = 128 + signal.SIGTERM
@@ -135,3 +137,28 @@ def ignore_stop_signals() -> None:
 
 def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
+
+
+def stop_group(proc: subprocess.Popen, grace_seconds: float = 10.0) -> None:
+    """SIGTERM the process group of `proc` (a server started in a session of its own, so that
+    its workers stop with it); SIGKILL what is still there after `grace_seconds`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break  # nothing left
+        deadline = time.monotonic() + grace_seconds
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            proc.poll()  # reap the leader: a zombie still counts as a member
+            time.sleep(0.1)
+        if not _group_alive(proc.pid):
+            break
+    proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -7,11 +7,11 @@ The server runs in a session of its own so that stopping it stops its workers to
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from pipeline.ops import signals
 
 PREFECT_HINT = ("Prefect UI: `bertflow server start` (the project's server, on http://127.0.0.1:4200), "
                 "then `export PREFECT_API_URL=http://127.0.0.1:4200/api` before `bertflow run`.")
@@ -28,35 +28,6 @@ def mlflow_ui_command(params: Path, host: str, port: int) -> list[str]:
             tracking.tracking_uri(cfg, params.parent), "--default-artifact-root",
             tracking.artifact_location(cfg, params.parent),
             "--host", host, "--port", str(port), "--workers", "1"]
-
-
-def stop_group(proc: subprocess.Popen, grace_seconds: float = 10.0) -> None:
-    """SIGTERM the process group of `proc` (started with its own session); SIGKILL what is
-    still there after `grace_seconds`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break  # nothing left
-        deadline = time.monotonic() + grace_seconds
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            proc.poll()  # reap the leader: a zombie still counts as a member
-            time.sleep(0.1)
-        if not _group_alive(proc.pid):
-            break
-    proc.wait()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM (and SIGINT, whatever it inherited) stop the UI alike
 
 
 def check_port(host: str, port: int, what: str = "the MLflow UI") -> None:
@@ -93,14 +64,10 @@ def run_until_stopped(cmd: list[str], env: dict[str, str] | None = None) -> int:
     """Run a server command in a session of its own until it exits, or until Ctrl-C or SIGTERM
     stop its whole process group; return its exit code (0 when stopped)."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    # SIGINT too: a process started in the background of a script inherits SIGINT ignored,
-    # and `kill -INT` (or Ctrl-C once it is brought to the foreground) must still stop it.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()
+        with signals.stop_on_signals():
+            return proc.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        stop_group(proc)
+        signals.stop_group(proc)
