@@ -35,6 +35,8 @@ PLAIN = {"embedding_init": "random", "short_seq_len": 0, "short_seq_steps": 0}
 # Every row was measured against the 8k lowercased tokenizer: rows train on it unless they say
 # otherwise, so each command still reproduces its row whatever params.yaml's tokenizer is.
 MEASURED = {"lowercase": True, "vocab_size": 8192}
+# ... and in fp32 (before `precision: auto` took bf16 on CPUs with AMX): rows train and probe in it.
+PRECISION = "32-true"
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ def runner(work: Path, name: str):
     quiet = {"val_every_steps": 10**9, "snapshot_every_steps": 10**9, "log_every_steps": 10**9}
 
     def run(steps: int, **extra) -> tuple[float, dict]:
-        cfg = p.pretrain.model_copy(update={**recipe.pretrain, **quiet, "max_steps": steps, **extra})
+        cfg = p.pretrain.model_copy(update={"precision": PRECISION, **recipe.pretrain, **quiet,
+                                            "max_steps": steps, **extra})
         start = time.perf_counter()
         stats = pretrain(model=model, cfg=cfg, pairs_dir=pairs, tokenizer_dir=tokenizer,
                          out_dir=work / f"{name}-export", work_dir=work / "checkpoints")
@@ -167,7 +170,8 @@ def probe_encoder(p: Params, encoder: Path, work: Path, seeds: list[int] | None 
     """The transfer probe's validation scores of an encoder (components.training.probe.py)."""
     from components.training.probe import probe
 
-    return probe(encoder, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work, seeds)
+    cfg = p.finetune.model_copy(update={"precision": PRECISION})
+    return probe(encoder, p.finetune.tasks, cfg, ROOT / p.paths.tasks, work, seeds)
 
 
 def compare_step_cost(work: Path, names: list[str]) -> None:
