@@ -1,6 +1,6 @@
 """The configuration reference: every params.yaml key with its value in the project's params.yaml
-(an entry's optional keys: their default) and its description, as Markdown, generated from the
-schema of components/core/config.py into docs/configuration.md.
+and its description, as Markdown, generated from the schema of components/core/config.py into
+docs/configuration.md.
 
 `python -m pipeline.reference` rewrites that page's generated section; a test keeps it current.
 """
@@ -43,17 +43,22 @@ def _has_model(value: list | dict) -> bool:
     return any(isinstance(v, BaseModel) or isinstance(v, dict) for v in items)
 
 
+def own_fields(cls: type[BaseModel]) -> dict[str, Any]:
+    """A class's fields but those of the section it extends: a task's kind and source (the rest
+    are finetune.task_defaults' keys, listed there), a source's name."""
+    return {k: f for k, f in cls.model_fields.items() if k not in cls.__base__.model_fields}
+
+
 def _rows(cls: type[BaseModel], key: str, values: Any, nested: list) -> list[str]:
     rows = []
-    for name, f in cls.model_fields.items():
+    for name, f in own_fields(cls).items():
         full = f"{key}.{name}"
         inner = section_in(f.annotation)
         if inner is not None:
             origin = typing.get_origin(f.annotation)
             item = "[]" if origin is list else ".<name>" if origin is dict else ""
             nested.append((inner, full + item, getattr(values, name, None) if not item else None))
-        value = getattr(values, name) if values is not None else f.default
-        shown = "required" if values is None and f.is_required() else _cell(value)
+        shown = "required" if values is None else _cell(getattr(values, name))
         what = (f.description or "").replace("|", "\\|")
         rows.append(f"| `{full}` | {shown} | {what} |")
     return rows
@@ -61,7 +66,7 @@ def _rows(cls: type[BaseModel], key: str, values: Any, nested: list) -> list[str
 
 def reference_markdown() -> str:
     """A table per section of params.yaml (its values), then one per list or mapping entry (the
-    defaults of its optional keys)."""
+    keys each entry gives)."""
     params = load_params(ROOT / "params.yaml")
     queue = [(section_in(f.annotation), name, getattr(params, name)) for name,
              f in Params.model_fields.items()]
@@ -69,7 +74,7 @@ def reference_markdown() -> str:
     while queue:
         cls, key, values = queue.pop(0)
         nested: list = []
-        column = "params.yaml" if values is not None else "default"
+        column = "params.yaml" if values is not None else "value"
         out += [f"**`{key}`**: {' '.join((cls.__doc__ or '').split())}", "",
                 f"| key | {column} | what |", "|---|---|---|", *_rows(cls, key, values, nested), ""]
         queue = nested + queue

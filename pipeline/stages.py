@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.core.config import Params
+from components.core.config import Params, TaskSettings
 from components.core.errors import BertflowError
 from components.core.params import load_params
 
@@ -264,12 +264,13 @@ def _transfer(p: Params, at: Target, run: MlflowRun | None) -> dict:
 
 
 FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
-    "seeds", "init", "max_seq_len", "batch_size", "lr", "lr_grid", "weight_decay", "epochs",
-    "min_steps", "evals_per_epoch", "patience", "train_last_k", "label_subwords", "crf",
-    "span_threshold", "onnx", "precision", "grad_clip", "deterministic", "workers"))
+    "task_defaults", "seeds", "init", "batch_size", "weight_decay", "min_steps", "evals_per_epoch",
+    "train_last_k", "label_subwords", "crf", "span_threshold", "onnx", "precision", "grad_clip",
+    "deterministic", "workers"))
 
-TEACHER_PARAMS = tuple(p for p in FINETUNE_PARAMS
-                       if p not in ("finetune.seeds", "finetune.lr", "finetune.lr_grid", "finetune.onnx"))
+TEACHER_PARAMS = (*(p for p in FINETUNE_PARAMS
+                    if p not in ("finetune.task_defaults", "finetune.seeds", "finetune.onnx")),
+                  *(f"finetune.task_defaults.{k}" for k in TaskSettings.model_fields if k != "lr"))
 STATS = {"cache": False}  # small files git keeps: DVC records them, does not cache them
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
@@ -288,29 +289,31 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
                                             "title": "Held-out MLM accuracy by training tokens"}),
                  (f"{PRETRAIN_CURVE}.png", {})),
           artifacts=lambda at: [at.path(f"{PRETRAIN_CURVE}.png")]),
-    Stage("task_data", _task_data, ("finetune.tasks.{task}",), writes="${paths.tasks}/{task}", per_task=True),
+    Stage("task_data", _task_data, ("finetune.tasks.{task}", "finetune.task_defaults"),
+          writes="${paths.tasks}/{task}", per_task=True),
     # The `adapted` start: the encoder continued on the task's own text (an empty record when
     # finetune.init lacks `adapted`).
-    Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "model", "pretrain"),
+    Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "finetune.task_defaults",
+                            "model", "pretrain"),
           writes="${paths.models}/adapted/{task}", reads=("task_data", "pretrain"), per_task=True),
     # The `distilled` start (finetune.init has it; else each writes an empty record): the task's
     # teacher, a checkpoint fine-tuned on it, then the transfer set it labels with soft targets.
     # The student's own settings (seeds, rates, temperature) rerun no teacher.
-    Stage("teacher", _teacher, ("distill.teacher", "distill.teacher_seeds", "distill.teacher_lr_grid",
-                                "finetune.tasks.{task}", *TEACHER_PARAMS),
+    Stage("teacher", _teacher, ("distill.teacher", "distill.teacher_seeds", "finetune.tasks.{task}",
+                                *TEACHER_PARAMS),
           writes="${paths.models}/teachers/{task}", reads=("task_data",), per_task=True),
     Stage("transfer_set", _transfer_set,
           ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k", "distill.corpus_rows",
-           "distill.seed", "finetune.init", "finetune.tasks.{task}", "finetune.max_seq_len",
+           "distill.seed", "finetune.init", "finetune.tasks.{task}", "finetune.task_defaults",
            "finetune.batch_size"),
           writes="${paths.models}/transfer-set/{task}", reads=("task_data", "clean", "pretrain", "teacher"),
           per_task=True),
     Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS, "distill.temperature",
-                                  "distill.alpha", "distill.student_layers", "distill.teacher",
-                                  "distill.teacher_lr_grid"),
+                                  "distill.alpha", "distill.student_layers", "distill.teacher"),
           writes="${paths.models}/tasks/{task}",
           reads=("task_data", "pretrain", "adapt", "transfer_set", "checkpoint"), per_task=True),
-    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "evaluate"), reads=("task_data", "finetune"),
+    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "finetune.task_defaults", "evaluate"),
+          reads=("task_data", "finetune"),
           per_task=True,
           plots=((f"{TASK_METRICS}/curves.csv", {"x": "step", "y": "val_metric", "template": "linear"}),
                  (f"{TASK_METRICS}/per_class.csv", {"x": "label", "y": "f1", "template": "bar_horizontal"}),

@@ -97,6 +97,24 @@ def section(cls: type[M], **changes) -> M:
                                **changes})
 
 
+def task_config(kind: str, source: str, **changes):
+    """A task of `kind` reading `source`, with params.yaml's finetune.task_defaults for the keys
+    `changes` leave out, checked as a file's would be."""
+    from components.core.config import TaskConfig
+
+    return TaskConfig.model_validate({**project_params().finetune.task_defaults.model_dump(), "kind": kind,
+                                      "source": source, **changes})
+
+
+def source_config(name: str, **changes):
+    """A corpus source named `name`, with params.yaml's ingest.source_defaults for the keys
+    `changes` leave out, checked as a file's would be."""
+    from components.core.config import SourceConfig
+
+    return SourceConfig.model_validate({**project_params().ingest.source_defaults.model_dump(), "name": name,
+                                        **changes})
+
+
 def write_params(folder: Path, data: dict) -> Path:
     """Write a params file into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -212,13 +230,13 @@ def _environment_as_found():
 def stages_dir(tmp_path_factory) -> Path:
     """ingest, clean and tokenizer run once on the small real corpus; tests read the outputs."""
     from components.core.config import Params
-    from components.core.params import parse
+    from components.core.params import parse, with_entry_defaults
     from components.data.clean import clean
     from components.data.ingest import ingest
     from components.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("stages")
-    p = parse(Params, small_params(**POOL), "small:")
+    p = parse(Params, with_entry_defaults(small_params(**POOL)), "small:")
     ingest(p.ingest, out, PACKAGES, out / "raw")
     clean(p.clean, p.executor, out / "raw", out / "clean")
     train_tokenizer(p.tokenizer, out / "clean", out / "tokenizer")
@@ -341,8 +359,8 @@ def make_task_project(repo: Path, tasks: dict, **sections: dict) -> Path:
     data["pretrain"].update(max_steps=30, warmup_steps=5, batch_size=16, val_every_steps=15,
                             snapshot_every_steps=15, short_seq_steps=10, accelerator="cpu")
     # One rate, no CRF: the lifecycle tests export the token model to transformers (no CRF there).
-    data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], lr=0.003, lr_grid=[], epochs=8,
-                            batch_size=16, patience=16, crf=False)
+    data["finetune"].update(tasks=tasks, seeds=[1], init=["pretrained"], batch_size=16, crf=False)
+    data["finetune"]["task_defaults"].update(lr=0.003, epochs=8, patience=16)
     make_dvc_project(repo, merge(data, sections))
     _user_files(repo / "data" / "user" / "tasks")
     run_cli("dvc", "add", "data/user/tasks", cwd=repo)

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from components.core.config import AdaptConfig, FinetuneConfig, ModelConfig, PretrainConfig, TaskConfig
+from components.core.config import AdaptConfig, FinetuneConfig, ModelConfig, PretrainConfig
 from components.core.errors import DataError
 from components.core.guard import OWNED
 from components.data.tasks.folder import read_split
@@ -16,11 +16,11 @@ from components.model.folders import read_weights
 from components.model.metadata import read_encoder_info
 from components.training.adapt import START, adapt_task, write_task_pairs
 from components.training.finetune import finetune_task
-from tests.conftest import section
+from tests.conftest import section, task_config
 from tests.test_finetune import _user_files
 
-REVIEWS = TaskConfig(kind="classification", source="user/reviews.csv", columns={"text": "review",
-                                                                                "label": "verdict"})
+REVIEWS = task_config("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"},
+                      lr=3e-3, epochs=1)
 SMALL = section(AdaptConfig, steps=4, lr=1e-3, batch_size=8, max_seq_len=32)
 PRETRAIN = section(PretrainConfig, accelerator="cpu", val_every_steps=2)
 
@@ -69,8 +69,7 @@ def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews
     assert not (tmp_path / "work" / "pairs").exists()  # the packed text was scratch space
 
     cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, seeds=[1], init=["pretrained", "adapted"],
-                  lr=3e-3,
-                         lr_grid=[], epochs=1, batch_size=16)
+                  batch_size=16)
     fits = finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model",
                          adapted_dir=out)["fits"]
     assert set(fits) == {"pretrained-s1", "adapted-s1"}
@@ -81,6 +80,6 @@ def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tin
     assert adapt_task(SMALL, False, REVIEWS, section(ModelConfig), PRETRAIN, reviews, tiny_encoder, out,
                       tmp_path / "work") == {"adapted": False}
     assert sorted(p.name for p in out.iterdir()) == [OWNED, "bertflow.json"]
-    cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"], lr_grid=[])
+    cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"])
     with pytest.raises(DataError, match="holds no adapted encoder; run the adapt stage"):
         finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model", adapted_dir=out)

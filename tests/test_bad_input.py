@@ -20,8 +20,6 @@ from components.core.config import (
     ModelConfig,
     PairsConfig,
     PretrainConfig,
-    SourceConfig,
-    TaskConfig,
     TokenizerConfig,
 )
 from components.core.errors import DataError
@@ -29,7 +27,7 @@ from components.data.clean import clean
 from components.data.ingest import ingest
 from components.data.pairs import make_pairs
 from components.data.tokenizer import train_tokenizer
-from tests.conftest import PACKAGES, section
+from tests.conftest import PACKAGES, section, source_config, task_config
 
 SERIAL = section(ExecutorConfig, kind="serial")
 TOPICS = ["budget", "river", "garden", "market", "school", "harbour", "museum", "railway"]
@@ -47,7 +45,7 @@ def corpus(root: Path, docs: dict[str, str | bytes]) -> IngestConfig:
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in docs.items():
         (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
-    return section(IngestConfig, sources=[SourceConfig(name="mine", kind="txt_dir", path=str(folder))])
+    return section(IngestConfig, sources=[source_config("mine", kind="txt_dir", path=str(folder))])
 
 
 def ingest_and_clean(root: Path, docs: dict[str, str | bytes]) -> dict:
@@ -93,7 +91,7 @@ def test_fifos_odd_file_names_and_an_empty_source_are_counted_never_waited_on(tm
     name = os.fsdecode(b"caf\xe9.txt")  # a Latin-1 file name: not UTF-8
     (tmp_path / "corpus" / name).write_text(prose("cafe"))
     (tmp_path / "empty").mkdir()
-    cfg.sources.append(SourceConfig(name="nothing", kind="txt_dir", path=str(tmp_path / "empty")))
+    cfg.sources.append(source_config("nothing", kind="txt_dir", path=str(tmp_path / "empty")))
     stats = ingest(cfg, tmp_path, PACKAGES, tmp_path / "raw")
     assert stats["dropped"] == {"not_a_regular_file": 1, "source_without_documents": 1}
     assert "mine:pipe.txt (a FIFO): not_a_regular_file" in stats["problems"]
@@ -354,8 +352,7 @@ def task_dir(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("task")
     _user_files(root / "user")
-    task = TaskConfig(kind="classification", source="user/reviews.csv", columns={"text": "review",
-                                                                                 "label": "verdict"})
+    task = task_config("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"})
     prepare_task("reviews", task, root, PACKAGES, root / "reviews")
     return root / "reviews"
 
@@ -363,8 +360,8 @@ def task_dir(tmp_path_factory) -> Path:
 def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
     from components.training.finetune import finetune_task
 
-    task = TaskConfig(kind="classification", source="unused", epochs=1)
-    cfg = section(FinetuneConfig, seeds=[1], init=["pretrained"], lr_grid=[], workers=1)
+    task = task_config("classification", "unused", lr=5e-4, epochs=1)
+    cfg = section(FinetuneConfig, seeds=[1], init=["pretrained"], workers=1)
     return finetune_task("reviews", task, cfg, task_dir, encoder_dir, out / "model")
 
 

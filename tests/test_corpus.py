@@ -14,13 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.core.config import CleanConfig, ExecutorConfig, IngestConfig, SourceConfig
+from components.core.config import CleanConfig, ExecutorConfig, IngestConfig
 from components.core.errors import DataError, ValidationError
 from components.core.io import list_shards
 from components.data.clean import CLEAN_SCHEMA, choose_heldout, clean, normalize
 from components.data.ingest import RAW_SCHEMA, ingest
 from components.data.text import decode_bytes, split_sentences
-from tests.conftest import PACKAGES, ROOT, section
+from tests.conftest import PACKAGES, ROOT, section, source_config
 
 SERIAL = section(ExecutorConfig, kind="serial")
 PROSE = ("The committee met on Tuesday to discuss the budget. Members argued about the schools. "
@@ -44,8 +44,8 @@ def test_ingest_user_folder_counts_binary_empty_and_non_utf8(tmp_path):
     (corpus / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
     (corpus / "notes.md").write_text("not a .txt file")
     out = tmp_path / "raw"
-    stats = ingest(section(IngestConfig, sources=[SourceConfig(name="mine", kind="txt_dir",
-                                                               path=str(corpus))]),
+    stats = ingest(section(IngestConfig, sources=[source_config("mine", kind="txt_dir",
+                                                                path=str(corpus))]),
                    tmp_path, PACKAGES, out)
     rows = {r["doc_id"]: r for r in _read(out)}
     assert set(rows) == {"mine:good.txt", "mine:sub/latin1.txt"}
@@ -88,7 +88,7 @@ def test_a_corpus_file_in_another_encoding_is_read_as_its_text(tmp_path, name):
     data, text, counted = ENCODED[name]
     (tmp_path / name).write_bytes(data)
     kind = "txt_dir" if name.endswith(".txt") else "jsonl"
-    stats = ingest(section(IngestConfig, sources=[SourceConfig(name="s", kind=kind, path=name)]),
+    stats = ingest(section(IngestConfig, sources=[source_config("s", kind=kind, path=name)]),
                    tmp_path, PACKAGES, tmp_path / "raw")
     assert [r["text"] for r in _read(tmp_path / "raw")] == [text]
     assert (stats["non_utf8_decoded"], stats["dropped"]) == (counted, {})
@@ -115,7 +115,7 @@ def test_an_unreadable_corpus_file_is_one_error_naming_it(tmp_path, name):
         (tmp_path / name).write_bytes(content)
     kind = "jsonl" if name.endswith(".jsonl") else "parquet"
     with pytest.raises(DataError) as info:
-        ingest(section(IngestConfig, sources=[SourceConfig(name="s", kind=kind, path=name)]),
+        ingest(section(IngestConfig, sources=[source_config("s", kind=kind, path=name)]),
                tmp_path, PACKAGES, tmp_path / "raw")
     assert str(info.value).startswith(f"{tmp_path}/{message}"), info.value
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing written, no temp folder
@@ -130,7 +130,7 @@ def test_symlinks_in_a_user_folder_are_followed_inside_the_project_and_refused_o
     (project / "shared" / "speech.txt").write_text(PROSE)
     (corpus / "speeches").symlink_to(project / "shared")  # a linked folder: was skipped silently
     (corpus / "loop").symlink_to(corpus)  # a cycle: each folder once
-    sources = [SourceConfig(name="mine", kind="txt_dir", path="data/user/corpus")]
+    sources = [source_config("mine", kind="txt_dir", path="data/user/corpus")]
     stats = ingest(section(IngestConfig, sources=sources), project, PACKAGES, project / "raw")
     assert {r["doc_id"] for r in _read(project / "raw")} == {"mine:speeches/speech.txt"}
     assert stats["documents"] == 1
@@ -158,7 +158,7 @@ def test_ingest_jsonl_bad_line_names_file_and_line_and_writes_nothing(tmp_path):
     bad.write_text(json.dumps({"text": PROSE}) + "\n" + '{"text": "unterminated\n')
     out = tmp_path / "raw"
     with pytest.raises(DataError, match=r"docs.jsonl:2: not a valid JSON line"):
-        ingest(section(IngestConfig, sources=[SourceConfig(name="j", kind="jsonl", path="docs.jsonl")]),
+        ingest(section(IngestConfig, sources=[source_config("j", kind="jsonl", path="docs.jsonl")]),
                tmp_path,
                PACKAGES, out)
     assert not out.exists()
@@ -168,12 +168,12 @@ def test_ingest_jsonl_bad_line_names_file_and_line_and_writes_nothing(tmp_path):
 def test_ingest_jsonl_missing_field_and_parquet_missing_column(tmp_path):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": PROSE}) + "\n")
     with pytest.raises(DataError, match=r"a.jsonl:1: no field 'text'"):
-        ingest(section(IngestConfig, sources=[SourceConfig(name="j", kind="jsonl", path="a.jsonl")]),
+        ingest(section(IngestConfig, sources=[source_config("j", kind="jsonl", path="a.jsonl")]),
                tmp_path, PACKAGES,
                tmp_path / "raw")
     pq.write_table(pa.table({"body": [PROSE]}), tmp_path / "b.parquet")
     with pytest.raises(DataError, match=r"b.parquet: no column 'text'"):
-        ingest(section(IngestConfig, sources=[SourceConfig(name="p", kind="parquet", path="b.parquet")]),
+        ingest(section(IngestConfig, sources=[source_config("p", kind="parquet", path="b.parquet")]),
                tmp_path,
                PACKAGES, tmp_path / "raw")
 
@@ -182,8 +182,8 @@ def test_ingest_jsonl_missing_id_field_names_the_line(tmp_path):
     (tmp_path / "a.jsonl").write_text(json.dumps({"id": "x", "text": PROSE}) + "\n"
                                       + json.dumps({"text": PROSE}) + "\n")
     with pytest.raises(DataError, match=r"a.jsonl:2: no field 'id'"):
-        ingest(section(IngestConfig, sources=[SourceConfig(name="j", kind="jsonl", path="a.jsonl",
-                                                           id_field="id")]),
+        ingest(section(IngestConfig, sources=[source_config("j", kind="jsonl", path="a.jsonl",
+                                                            id_field="id")]),
                tmp_path, PACKAGES, tmp_path / "raw")
 
 
@@ -192,8 +192,8 @@ def test_ingest_jsonl_and_parquet_with_ids(tmp_path):
         json.dumps({"id": f"j{i}", "text": PROSE}) + "\n" for i in range(3)))
     pq.write_table(pa.table({"text": [PROSE, None, PROSE]}), tmp_path / "b.parquet")
     stats = ingest(section(IngestConfig, sources=[
-        SourceConfig(name="j", kind="jsonl", path="a.jsonl", id_field="id"),
-        SourceConfig(name="p", kind="parquet", path="b.parquet"),
+        source_config("j", kind="jsonl", path="a.jsonl", id_field="id"),
+        source_config("p", kind="parquet", path="b.parquet"),
     ]), tmp_path, PACKAGES, tmp_path / "raw")
     ids = [r["doc_id"] for r in _read(tmp_path / "raw")]
     assert ids == ["j:j0", "j:j1", "j:j2", "p:b.parquet:0", "p:b.parquet:2"]
@@ -204,7 +204,7 @@ def test_ingest_of_nothing_is_an_error(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "e.txt").write_text("")
     with pytest.raises(DataError, match=r"no documents in any source \(mine\); dropped: \{'empty': 1\}"):
-        ingest(section(IngestConfig, sources=[SourceConfig(name="mine", kind="txt_dir", path="c")]),
+        ingest(section(IngestConfig, sources=[source_config("mine", kind="txt_dir", path="c")]),
                tmp_path, PACKAGES,
                tmp_path / "raw")
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
+from components.core.config import DistillConfig, FinetuneConfig
 from components.core.errors import ConfigError, DataError
 from components.core.params import load_params
 from components.data.tasks.folder import read_meta, read_split
@@ -32,15 +32,16 @@ from components.training.finetune import finetune_task
 from components.training.student import student_encoder
 from components.training.teacher import fit_teacher
 from components.training.transfer_set import build_transfer, corpus_rows, new_pairs
-from tests.conftest import PACKAGES, section, small_params, write_params
+from tests.conftest import PACKAGES, section, small_params, task_config, write_params
 from tests.test_finetune import _user_files
 
+FAST = {"lr": 3e-3, "teacher_lr": 3e-3, "epochs": 1}  # one rate each (no search), one epoch
 TASKS = {
-    "reviews": TaskConfig(kind="classification", source="user/reviews.csv",
-                          columns={"text": "review", "label": "verdict"}),
-    "pairs": TaskConfig(kind="pair", source="user/pairs.jsonl"),
-    "ner": TaskConfig(kind="token", source="user/ner.conll"),
-    "ner-span": TaskConfig(kind="span", source="user/ner.conll", max_span_words=3),
+    "reviews": task_config("classification", "user/reviews.csv",
+                           columns={"text": "review", "label": "verdict"}, **FAST),
+    "pairs": task_config("pair", "user/pairs.jsonl", **FAST),
+    "ner": task_config("token", "user/ner.conll", **FAST),
+    "ner-span": task_config("span", "user/ner.conll", max_span_words=3, **FAST),
 }
 
 
@@ -54,12 +55,12 @@ def project(tmp_path_factory):
 
 
 def _distill(teacher: str, **changes) -> DistillConfig:
-    return section(DistillConfig, teacher=teacher, teacher_lr_grid=[3e-3], **changes)
+    return section(DistillConfig, teacher=teacher, **changes)
 
 
 def _cfg(name: str, **changes) -> FinetuneConfig:
-    return section(FinetuneConfig, **{"tasks": {name: TASKS[name]}, "seeds": [1], "lr": 3e-3, "lr_grid": [],
-                                      "epochs": 1, "batch_size": 16, "min_steps": 4, **changes})
+    return section(FinetuneConfig, **{"tasks": {name: TASKS[name]}, "seeds": [1], "batch_size": 16,
+                                      "min_steps": 4, **changes})
 
 
 def test_crf_marginals_are_the_sum_over_every_tag_path():
@@ -236,14 +237,15 @@ def test_a_cut_keeps_the_chosen_layers_of_the_checkpoint_renumbered(tiny_modern_
 def test_a_student_cut_from_the_teacher_trains_with_its_own_tokenizer_at_the_teachers_rate(
         project, tiny_encoder, tiny_modern_encoder, reviews_teacher, tmp_path):
     reviews = project / "tasks" / "reviews"
-    cfg = _cfg("reviews", init=["distilled", "pretrained"], lr=1e-3)
+    task = TASKS["reviews"].model_copy(update={"lr": [1e-3]})
+    cfg = _cfg("reviews", init=["distilled", "pretrained"])
     distill = _distill("all-minilm-l6-v2", augment_copies=0, student_layers=[0])
-    build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
+    build_transfer("reviews", task, cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
     with student_encoder(distill.model_copy(update={"student_layers": []}), True, project, PACKAGES) as none:
         assert none is None  # the student is the pretrained encoder
     with student_encoder(distill, True, project, PACKAGES) as student:
-        fits = finetune_task("reviews", TASKS["reviews"], cfg, reviews, tiny_modern_encoder, tmp_path / "m",
+        fits = finetune_task("reviews", task, cfg, reviews, tiny_modern_encoder, tmp_path / "m",
                              distill=distill, transfer_dir=tmp_path / "transfer", student_dir=student)
     assert not student.exists()  # built for the stage, gone after it
     assert {k: f["lr"] for k, f in fits["fits"].items()} == {"distilled-s1": 3e-3, "pretrained-s1": 1e-3}
@@ -312,8 +314,8 @@ def test_the_distilled_start_runs_through_the_pipeline_and_its_student_is_the_se
         {"reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
                      "columns": {"text": "review", "label": "verdict"}},
          "ner": {"kind": "token", "source": "data/user/tasks/ner.conll", "transfer_corpus": "news-articles"}},
-        finetune={"init": ["distilled", "pretrained"], "epochs": 2},
-        distill={"teacher": str(tiny_encoder), "teacher_lr_grid": [0.003], "corpus_rows": 30})
+        finetune={"init": ["distilled", "pretrained"], "task_defaults": {"epochs": 2, "teacher_lr": 0.003}},
+        distill={"teacher": str(tiny_encoder), "corpus_rows": 30})
     out = run_cli("bertflow", "run", cwd=repo).stdout
     ran = [line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["ran"]]
     for task in ("reviews", "ner"):

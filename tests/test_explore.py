@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import assert_maps_are_attended_with, run_cli, section
+from tests.conftest import assert_maps_are_attended_with, run_cli, section, source_config
 
 pytestmark = pytest.mark.slow
 CAPITALS = {"france": "paris", "italy": "rome", "spain": "madrid", "japan": "tokyo",
@@ -53,7 +53,6 @@ def encoder_dir(tmp_path_factory) -> Path:
         ModelConfig,
         PairsConfig,
         PretrainConfig,
-        SourceConfig,
         TokenizerConfig,
     )
     from components.data.clean import clean
@@ -67,8 +66,8 @@ def encoder_dir(tmp_path_factory) -> Path:
         for i, doc in enumerate(_documents(400)):
             f.write(json.dumps({"id": str(i), "text": doc}) + "\n")
     serial = section(ExecutorConfig, kind="serial")
-    ingest(section(IngestConfig, sources=[SourceConfig(name="made-up", kind="jsonl", path="corpus.jsonl",
-                                                       id_field="id")]),
+    ingest(section(IngestConfig, sources=[source_config("made-up", kind="jsonl", path="corpus.jsonl",
+                                                        id_field="id")]),
            root, root, root / "raw")
     clean(section(CleanConfig, dedup_near=False, heldout_fraction=0.1), serial, root / "raw", root / "clean")
     train_tokenizer(section(TokenizerConfig, vocab_size=200, lowercase=True), root / "clean",

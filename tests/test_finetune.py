@@ -22,7 +22,7 @@ from components.model.inputs import (
     token_labels,
     windows,
 )
-from tests.conftest import section
+from tests.conftest import section, task_config
 
 
 @pytest.fixture(scope="module")
@@ -250,18 +250,18 @@ def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
 def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_path):
     # The suite fits in its own process (conftest's IN_PROCESS); a run's default spreads the
     # fits over worker processes, which must train and predict exactly what one process does.
-    from components.core.config import FinetuneConfig, TaskConfig
+    from components.core.config import FinetuneConfig
     from components.data.tasks.prepare import prepare_task
     from components.training.finetune import finetune_task
     from components.training.workers import threads_per_worker
     from tests.conftest import tree
 
     _user_files(tmp_path / "user")
-    task = TaskConfig(kind="classification", source="user/reviews.csv",
-                      columns={"text": "review", "label": "verdict"})
+    task = task_config("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"},
+                       lr=3e-3, epochs=2)
     prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
     cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained", "scratch"],
-                  lr=3e-3, lr_grid=[], epochs=2, batch_size=16, workers=2)
+                  batch_size=16, workers=2)
     spread = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "spread")
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_worker(2))  # each worker's share of the cores
@@ -280,16 +280,16 @@ def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_
 def test_an_inits_fits_with_the_same_key_are_taken_from_another_run_not_trained(tiny_encoder, tmp_path):
     # A preset fits the default run's starts once: the fits of an init whose key (code, start,
     # data, settings) matches another run's are copied from there, the rest trained.
-    from components.core.config import FinetuneConfig, TaskConfig
+    from components.core.config import FinetuneConfig
     from components.data.tasks.prepare import prepare_task
     from components.training.finetune import finetune_task
 
     _user_files(tmp_path / "user")
-    task = TaskConfig(kind="classification", source="user/reviews.csv",
-                      columns={"text": "review", "label": "verdict"})
+    task = task_config("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"},
+                       lr=[3e-3, 1e-3], epochs=1)
     prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
-    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained"], lr=3e-3,
-                  lr_grid=[3e-3, 1e-3], epochs=1, batch_size=16, workers=1)
+    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained"], batch_size=16,
+                  workers=1)
     default = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "default")
     more = cfg.model_copy(update={"init": ["scratch", "pretrained"], "onnx": not cfg.onnx})
     preset = finetune_task("reviews", task, more, tmp_path / "task", tiny_encoder, tmp_path / "preset",
@@ -309,9 +309,9 @@ def test_an_inits_fits_with_the_same_key_are_taken_from_another_run_not_trained(
     # The exported first init is always trained; a setting that reaches the fits (here their
     # rates: no search) trains them again.
     assert "scratch-s1.minutes" in preset["this_run"]
-    one_rate = more.model_copy(update={"seeds": [1], "lr_grid": []})
-    other = finetune_task("reviews", task, one_rate, tmp_path / "task", tiny_encoder, tmp_path / "other",
-                          reuse_from=[tmp_path / "default"])
+    one_rate = task.model_copy(update={"lr": [3e-3]})
+    other = finetune_task("reviews", one_rate, more.model_copy(update={"seeds": [1]}), tmp_path / "task",
+                          tiny_encoder, tmp_path / "other", reuse_from=[tmp_path / "default"])
     assert "taken" not in other["this_run"] and "pretrained-s1.minutes" in other["this_run"]
 
 
@@ -357,7 +357,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
 
     from safetensors.torch import load_file
 
-    from components.core.config import EvaluateConfig, FinetuneConfig, TaskConfig
+    from components.core.config import EvaluateConfig, FinetuneConfig
     from components.core.io import write_json
     from components.data.tasks.folder import read_meta, read_split
     from components.data.tasks.prepare import prepare_task
@@ -371,20 +371,20 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
     from components.training.finetune import finetune_task
 
     _user_files(tmp_path / "user")
+    fast = {"lr": 3e-3, "epochs": 8, "patience": 16}
     tasks = {
         # Windows of 8 subwords: the verdict's word comes after the first window, only the
         # later windows hold it.
-        "reviews": TaskConfig(kind="classification", source="user/reviews.csv", max_seq_len=8,
-                              long_text="chunks", chunk_overlap=2, lr=1e-3,
-                              columns={"text": "review", "label": "verdict"}),
-        "same-topic": TaskConfig(kind="pair", source="user/pairs.jsonl"),
-        "ner": TaskConfig(kind="token", source="user/ner.conll"),
-        "ner-span": TaskConfig(kind="span", source="user/ner.conll", max_span_words=3, span_decoding="greedy",
-                               epochs=16),
-        "pos": TaskConfig(kind="token", source="user/pos.conll"),  # plain tags (scheme auto)
+        "reviews": task_config("classification", "user/reviews.csv", max_seq_len=8,
+                               long_text="chunks", chunk_overlap=2, **{**fast, "lr": 1e-3},
+                               columns={"text": "review", "label": "verdict"}),
+        "same-topic": task_config("pair", "user/pairs.jsonl", **fast),
+        "ner": task_config("token", "user/ner.conll", **fast),
+        "ner-span": task_config("span", "user/ner.conll", max_span_words=3, span_decoding="greedy",
+                                **{**fast, "epochs": 16}),
+        "pos": task_config("token", "user/pos.conll", **fast),  # plain tags (scheme auto)
     }
-    cfg = section(FinetuneConfig, tasks=tasks, seeds=[1, 2], lr=3e-3, lr_grid=[], epochs=8, batch_size=16,
-                         patience=16)
+    cfg = section(FinetuneConfig, tasks=tasks, seeds=[1, 2], batch_size=16)
     for name, task in tasks.items():
         task_dir, model_dir = tmp_path / "tasks" / name, tmp_path / "models" / name
         prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)
@@ -395,7 +395,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
                                           "first" if name == "pos" else cfg.label_subwords})
         stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
         assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
-        assert {f["lr"] for f in stats["fits"].values()} == {task.lr or cfg.lr}  # no grid: no search
+        assert {f["lr"] for f in stats["fits"].values()} == set(task.lr)  # one rate: no search
         assert "search" not in stats
         if name == "reviews":  # every review is longer than one window
             assert stats["train_windows"] > stats["train_examples"]
@@ -479,10 +479,10 @@ def _same_logits_in_transformers(model, model_dir, out, examples) -> None:
 
 
 def test_a_tiny_task_trains_its_minimum_steps_and_warns_below_its_baseline(tiny_encoder, tmp_path):
-    # 64 rows at half for training: one step an epoch, 2 steps in all at finetune.epochs, which
+    # 64 rows at half for training: one step an epoch, 2 steps in all at the default epochs, which
     # learn nothing (54 +- 14 against TF-IDF's 100 once, and no word said). The fits take
     # finetune.min_steps (more epochs), and a model that still ends below the baseline says so.
-    from components.core.config import EvaluateConfig, FinetuneConfig, TaskConfig
+    from components.core.config import EvaluateConfig, FinetuneConfig
     from components.data.tasks.prepare import prepare_task
     from components.evaluation.evaluate import evaluate_task
     from components.training.finetune import finetune_task
@@ -490,12 +490,12 @@ def test_a_tiny_task_trains_its_minimum_steps_and_warns_below_its_baseline(tiny_
     rows = ["review,verdict"] + [f"the film number {i} was {'good' if i % 2 else 'awful'},"
                                  f"{'pos' if i % 2 else 'neg'}" for i in range(64)]
     (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
-    task = TaskConfig(kind="classification", source="reviews.csv", split=[0.5, 0.1, 0.4],
-                      columns={"text": "review", "label": "verdict"})
+    task = task_config("classification", "reviews.csv", split=[0.5, 0.1, 0.4],
+                       columns={"text": "review", "label": "verdict"}, lr=1e-9)
     prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
     # A rate too small to learn anything: the fits stay at chance, TF-IDF reads the keyword.
-    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], lr=1e-9,
-                  lr_grid=[], min_steps=12, workers=1)
+    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], min_steps=12,
+                  workers=1)
     stats = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "model")
     assert stats["fits"]["pretrained-s1"]["steps"] >= 12
     evaluated = evaluate_task("reviews", task, section(EvaluateConfig), tmp_path / "task", tmp_path / "model",

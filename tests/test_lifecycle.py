@@ -34,7 +34,7 @@ TASKS = {
     "reviews": {"kind": "classification", "source": "data/user/tasks/reviews.csv",
                 "columns": {"text": "review", "label": "verdict"}},
     # A learning-rate search: a rate too small to learn this in 8 epochs, and the project's.
-    "same-topic": {"kind": "pair", "source": "data/user/tasks/pairs.jsonl", "lr_grid": [1e-6, 0.003]},
+    "same-topic": {"kind": "pair", "source": "data/user/tasks/pairs.jsonl", "lr": [1e-6, 0.003]},
     "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
     "ner-span": {"kind": "span", "source": "data/user/tasks/ner.conll", "max_span_words": 3,
                  "span_decoding": "greedy", "epochs": 16},

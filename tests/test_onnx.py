@@ -20,7 +20,7 @@ from components.model.build import task_model
 from components.model.config import BertConfig
 from components.model.encoder import SelfAttention
 from components.model.onnx_model import CHECK, FP32, INT8, ONNX_DIR, OnnxHead, export_graph, onnx_file
-from tests.conftest import section
+from tests.conftest import section, task_config
 
 CLASSIC = BertConfig(vocab_size=120, hidden=32, layers=2, heads=2, intermediate=64, max_position=64)
 MODERN = BertConfig(vocab_size=120, hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
@@ -72,7 +72,7 @@ def _reviews(root) -> TaskConfig:
     said = [("awful", "neg"), ("good", "pos")]
     rows = ["text,label"] + [f"the film number {i} was {said[i % 2][0]},{said[i % 2][1]}" for i in range(120)]
     (root / "reviews.csv").write_text("\n".join(rows) + "\n")
-    task = TaskConfig(kind="classification", source="reviews.csv")
+    task = task_config("classification", "reviews.csv", lr=3e-3, epochs=8)
     prepare_task("reviews", task, root, root / "packages", root / "task")
     return task
 
@@ -86,8 +86,8 @@ def test_finetune_writes_the_graph_and_int8_served_only_where_its_check_passed(t
     from components.training.finetune import finetune_task
 
     task = _reviews(tmp_path)
-    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], lr=3e-3,
-                  lr_grid=[], epochs=8, batch_size=16, onnx=True, workers=1)
+    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], batch_size=16,
+                  onnx=True, workers=1)
     finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "out")
     model_dir = tmp_path / "out" / "model"
     check = json.loads((model_dir / ONNX_DIR / CHECK).read_text())

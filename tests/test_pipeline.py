@@ -306,9 +306,9 @@ def test_a_user_task_runs_through_the_whole_pipeline_from_three_starts(dvc_proje
                             snapshot_every_steps=15, short_seq_steps=10, accelerator="cpu")
     data["finetune"].update(
         tasks={"pos": {"kind": "token", "source": "data/user/tasks/pos.conll"}},  # plain tags
-        seeds=[1], lr=0.003, lr_grid=[], epochs=4, batch_size=16, patience=8,  # more seeds: test_finetune
-        init=["pretrained", "adapted", "scratch"])
-    data["adapt"] = {"steps": 6, "lr": 0.001, "batch_size": 4, "max_seq_len": 16}
+        seeds=[1], batch_size=16, init=["pretrained", "adapted", "scratch"])  # more seeds: test_finetune
+    data["finetune"]["task_defaults"].update(lr=0.003, epochs=4, patience=8)
+    data["adapt"].update(steps=6, lr=0.001, batch_size=4, max_seq_len=16)
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     run_cli("git", "add", "-A", cwd=repo)
     run_cli("git", "commit", "-qm", "user tasks", cwd=repo)

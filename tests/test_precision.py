@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from components.core.config import FinetuneConfig, PretrainConfig, TaskConfig
+from components.core.config import FinetuneConfig, PretrainConfig
 from components.training.common import adamw, clip_grad_norm
-from tests.conftest import section
+from tests.conftest import section, task_config
 
 
 class _Regression(L.LightningModule):
@@ -88,9 +88,9 @@ def test_both_stages_train_in_bf16_with_clipping(stages_dir, pairs_out, tmp_path
     rows = ["text,label"] + [f"the film number {i} was {'good' if i % 2 else 'awful'},{i % 2}"
                              for i in range(48)]
     (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
-    task = TaskConfig(kind="classification", source="reviews.csv")
+    task = task_config("classification", "reviews.csv", lr=5e-4, epochs=1)
     prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
-    tune = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], lr_grid=[],
-                   precision="bf16-mixed", grad_clip=1.0, min_steps=6, epochs=1, workers=1)
+    tune = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"],
+                   precision="bf16-mixed", grad_clip=1.0, min_steps=6, workers=1)
     stats = finetune_task("reviews", task, tune, tmp_path / "task", tmp_path / "encoder", tmp_path / "model")
     assert stats["fits"]["pretrained-s1"]["steps"] >= 6

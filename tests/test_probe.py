@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.config import FinetuneConfig, TaskConfig
+from components.core.config import FinetuneConfig
 from components.core.errors import ConfigError
 from components.data.tasks.prepare import prepare_task
 from components.training.probe import PROBE, probe
-from tests.conftest import section
+from tests.conftest import section, task_config
 from tests.test_finetune import _user_files
 
 # The probe's task names, played by the small user files of test_finetune.
-REVIEWS = TaskConfig(kind="classification", source="user/reviews.csv", columns={"text": "review",
-                                                                                "label": "verdict"})
+FAST = {"lr": 3e-3, "epochs": 2}
+REVIEWS = task_config("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"},
+                      **FAST)
 TASKS = {
     "trec-6": REVIEWS,
     "movie-sentiment": REVIEWS,
-    "conll2003-ner": TaskConfig(kind="token", source="user/ner.conll"),
-    "news-order": TaskConfig(kind="pair", source="user/pairs.jsonl"),
+    "conll2003-ner": task_config("token", "user/ner.conll", **FAST),
+    "news-order": task_config("pair", "user/pairs.jsonl", **FAST),
 }
 
 
@@ -28,7 +29,7 @@ def test_the_probe_scores_validation_only_and_keeps_nothing(tiny_encoder, tmp_pa
     for name, task in TASKS.items():
         prepare_task(name, task, tmp_path, tmp_path / "packages", tmp_path / "tasks" / name)
         (tmp_path / "tasks" / name / "test.parquet").unlink()  # the probe must not need it
-    cfg = section(FinetuneConfig, tasks=TASKS, lr=3e-3, lr_grid=[], epochs=2, batch_size=16, crf=False)
+    cfg = section(FinetuneConfig, tasks=TASKS, batch_size=16, crf=False)
     scores = probe(tiny_encoder, TASKS, cfg, tmp_path / "tasks", tmp_path / "work", seeds=[1, 2])
     assert set(scores) == {*PROBE, "seeds", "mean", "mean_per_seed", "mean_std"}
     assert all(0 <= scores[name]["val_metric"] <= 1 and scores[name]["steps"] > 0 for name in PROBE)

@@ -32,8 +32,8 @@ TASKS = {
     "ner": {"kind": "token", "source": "data/user/tasks/ner.conll"},
 }
 # Two starts, two seeds, and a rate search on one task: every path a fit takes.
-SETTINGS = {"finetune": {"init": ["pretrained", "scratch"], "seeds": [1, 2], "epochs": 2}}
-SEARCHED = {"lr_grid": [0.001, 0.003]}
+SETTINGS = {"finetune": {"init": ["pretrained", "scratch"], "seeds": [1, 2], "task_defaults": {"epochs": 2}}}
+SEARCHED = {"lr": [0.001, 0.003]}
 DATA = ("raw", "clean", "tokenizer", "pairs")
 
 

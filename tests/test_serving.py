@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, small_params, write_params
+from tests.conftest import ROOT, run_cli, small_params, task_config, write_params
 
 WORDS = ["great", "film", "awful", "boring", "the", "a", "was", "movie", "loved", "hated"]
 
@@ -21,7 +21,6 @@ def tiny_task_model(root: Path, kind: str = "classification",
     task of plain tags (random weights: serving, not quality, is under test)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    from components.core.config import TaskConfig
     from components.data.tokenizer import SPECIAL_TOKENS, UNK, add_template
     from components.model.build import task_model
     from components.model.config import BertConfig
@@ -37,7 +36,7 @@ def tiny_task_model(root: Path, kind: str = "classification",
     (root / "tok").mkdir(parents=True)
     tok.save(str(root / "tok" / "tokenizer.json"))
     cfg = BertConfig(vocab_size=len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
-    info = TaskModelInfo(config=cfg, task=TaskConfig(kind=kind, source="reviews.csv"), fit="pretrained-s1",
+    info = TaskModelInfo(config=cfg, task=task_config(kind, "reviews.csv"), fit="pretrained-s1",
                          labels=list(labels), space=list(labels), max_seq_len=32, label_subwords="all",
                          crf=False, scheme=scheme)
     write_task_model(task_model(cfg, kind, list(labels)), info, root / "tok", root / "model")

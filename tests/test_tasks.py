@@ -17,7 +17,7 @@ from components.core.guard import OWNED
 from components.data.tasks import builtin, checks
 from components.data.tasks.folder import SCHEMAS, read_meta, read_split
 from components.data.tasks.prepare import prepare_task
-from tests.conftest import PACKAGES, section
+from tests.conftest import PACKAGES, section, task_config
 
 SPLITS = ("train", "valid", "test")
 
@@ -73,8 +73,7 @@ def test_a_task_file_not_in_utf8_is_decoded_counted_and_named(tmp_path, caplog):
             for i in range(60)]
     text = "review,stars\n" + "".join(f"{r['review']},{r['stars']}\n" for r in rows)
     (tmp_path / "reviews.csv").write_bytes(text.encode("cp1252"))  # as Excel saves it on Windows
-    task = TaskConfig(kind="classification", source="reviews.csv", columns={"text": "review",
-                                                                            "label": "stars"})
+    task = task_config("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
     stats, out = prepare(tmp_path, task)
     assert stats["changed"] == {"non_utf8_decoded_files": 1}
     assert f"{tmp_path / 'reviews.csv'} is not UTF-8; decoded as cp1252" in caplog.text
@@ -85,8 +84,7 @@ def test_a_task_file_not_in_utf8_is_decoded_counted_and_named(tmp_path, caplog):
 
 def test_csv_classification_end_to_end(tmp_path):
     write_csv(tmp_path / "reviews.csv", reviews(100))
-    task = TaskConfig(kind="classification", source="reviews.csv", columns={"text": "review",
-                                                                            "label": "stars"})
+    task = task_config("classification", "reviews.csv", columns={"text": "review", "label": "stars"})
     stats, out = prepare(tmp_path, task)
     assert sorted(p.name for p in out.iterdir()) == [
         OWNED, "meta.json", "test.parquet", "train.parquet", "valid.parquet"]
@@ -115,7 +113,7 @@ def test_conll_folder_token_task(tmp_path):
     (folder / "train.txt").write_text(CONLL_TRAIN)
     (folder / "dev.conll").write_text(CONLL_DEV)  # `dev` is accepted for valid
     (folder / "test.iob").write_text(CONLL_TEST)
-    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="ner"))
+    stats, out = prepare(tmp_path, task_config("token", "ner"))
     assert stats["examples"] == {"train": 3, "valid": 1, "test": 2}
     assert stats["split"] == "given"
     assert read_meta(out)["labels"] == ["LOC", "MISC", "ORG", "PER"]  # entity types, not tags
@@ -136,7 +134,7 @@ def test_conll_columns_choose_token_and_tag(tmp_path):
     for split, text in (("train", CONLL_TRAIN), ("valid", CONLL_DEV), ("test", CONLL_TEST)):
         (folder / f"{split}.txt").write_text(text)
     # The chunk column (2) as the tags: a real BIO task of its own.
-    stats, out = prepare(tmp_path, TaskConfig(kind="span", source="pos", columns={"tags": "2"}))
+    stats, out = prepare(tmp_path, task_config("span", "pos", columns={"tags": "2"}))
     assert read_meta(out)["labels"] == ["NP", "VP"]
     assert read_split(out, "valid").to_pylist() == [{"tokens": ["Rome", "is"],
                                                      "tags": ["B-NP", "B-VP"]}]
@@ -155,7 +153,7 @@ def _pos_folder(tmp_path: Path, files: dict[str, str] = POS) -> str:
 
 
 def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
-    stats, out = prepare(tmp_path, TaskConfig(kind="token", source=_pos_folder(tmp_path)))
+    stats, out = prepare(tmp_path, task_config("token", _pos_folder(tmp_path)))
     meta = read_meta(out)
     assert meta["scheme"] == stats["scheme"] == "plain"
     assert meta["labels"] == ["NOUN", "DET", "VERB"]  # the tags, the most frequent first
@@ -166,10 +164,9 @@ def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
     (tmp_path / "chunks").mkdir()
     for split, text in (("train", CONLL_TRAIN), ("valid", CONLL_DEV), ("test", CONLL_TEST)):
         (tmp_path / "chunks" / f"{split}.txt").write_text(text)
-    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="chunks", columns={"tags": "2"}))
+    stats, out = prepare(tmp_path, task_config("token", "chunks", columns={"tags": "2"}))
     assert (stats["scheme"], read_meta(out)["labels"]) == ("bio", ["NP", "VP"])
-    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="chunks", columns={"tags": "2"},
-                                              scheme="plain"))
+    stats, out = prepare(tmp_path, task_config("token", "chunks", columns={"tags": "2"}, scheme="plain"))
     assert (stats["scheme"], read_meta(out)["labels"]) == ("plain", ["B-NP", "I-NP", "B-VP"])
     assert "changed" not in stats or "tags_iob1_to_bio2" not in stats["changed"]  # plain: as given
 
@@ -177,29 +174,29 @@ def test_a_tag_set_without_bio_is_plain_tags_and_bio_tags_stay_bio(tmp_path):
 def test_plain_tags_mistakes_are_named(tmp_path):
     source = _pos_folder(tmp_path)
     with pytest.raises(DataError) as info:  # a plain file read as BIO: the first bad tag
-        prepare(tmp_path, TaskConfig(kind="token", source=source, scheme="bio"))
+        prepare(tmp_path, task_config("token", source, scheme="bio"))
     assert "pos/train.txt:1: malformed BIO tag 'DET' on token 'The'" in str(info.value)
     assert "scheme: plain" in str(info.value)
     with pytest.raises(ConfigError, match="span task reads entities from BIO tags"):
-        prepare(tmp_path, TaskConfig(kind="span", source=source, scheme="plain"))
+        prepare(tmp_path, task_config("span", source, scheme="plain"))
     adj = {"tokens": ["a", "big", "dog"], "tags": ["DET", "ADJ", "NOUN"]}
     write_jsonl(tmp_path / "adj.jsonl", [adj] * 20)
     with pytest.raises(DataError, match="tag 'ADJ' on token 'big' is not one of the task's labels"):
-        prepare(tmp_path, TaskConfig(kind="token", source="adj.jsonl", labels=["DET", "NOUN"]))
+        prepare(tmp_path, task_config("token", "adj.jsonl", labels=["DET", "NOUN"]))
     write_jsonl(tmp_path / "empty.jsonl", [{"tokens": ["a", "dog"], "tags": ["DET", " "]}] * 20)
     with pytest.raises(DataError, match=r"empty.jsonl:\d+, token 2: empty tag on token 'dog'"):
-        prepare(tmp_path, TaskConfig(kind="token", source="empty.jsonl"))
+        prepare(tmp_path, task_config("token", "empty.jsonl"))
     write_jsonl(tmp_path / "one.jsonl", [{"tokens": ["a", "dog"], "tags": ["X", "X"]}] * 20)
     with pytest.raises(DataError, match=r"train has only one tag \['X'\]"):
-        prepare(tmp_path, TaskConfig(kind="token", source="one.jsonl"))
+        prepare(tmp_path, task_config("token", "one.jsonl"))
 
 
 def test_jsonl_pair_task(tmp_path):
     rows = [{"a": f"first sentence {i}", "b": f"second sentence {i}", "label": i % 2}
             for i in range(40)]
     write_jsonl(tmp_path / "pairs.jsonl", rows)
-    task = TaskConfig(kind="pair", source="pairs.jsonl", columns={"text_a": "a", "text_b": "b"},
-                      split=[0.5, 0.25, 0.25], split_seed=3)
+    task = task_config("pair", "pairs.jsonl", columns={"text_a": "a", "text_b": "b"},
+                       split=[0.5, 0.25, 0.25], split_seed=3)
     stats, out = prepare(tmp_path, task)
     assert stats["examples"] == {"train": 20, "valid": 10, "test": 10}
     assert read_meta(out)["labels"] == ["0", "1"]  # numeric labels become strings
@@ -216,18 +213,18 @@ def test_folder_with_train_only_is_split_and_parquet_works(tmp_path):
     folder.mkdir()
     rows = [{"text": r["review"], "label": r["stars"]} for r in reviews(50)]
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
-    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="mine"))
+    stats, out = prepare(tmp_path, task_config("classification", "mine"))
     assert stats["examples"] == {"train": 40, "valid": 5, "test": 5}
     assert "carved from train" in stats["split"]
 
 
 def test_max_train_examples_samples_train_only(tmp_path):
     write_csv(tmp_path / "r.csv", [{"text": r["review"], "label": r["stars"]} for r in reviews(200)])
-    task = TaskConfig(kind="classification", source="r.csv", max_train_examples=30)
+    task = task_config("classification", "r.csv", max_train_examples=30)
     stats, out = prepare(tmp_path, task)
     assert stats["examples"] == {"train": 30, "valid": 20, "test": 20}
     assert stats["train_sampled_from"] == 160
-    full_stats, full = prepare(tmp_path, TaskConfig(kind="classification", source="r.csv"), "full")
+    full_stats, full = prepare(tmp_path, task_config("classification", "r.csv"), "full")
     sample = set(read_split(out, "train")["text"].to_pylist())
     assert sample < set(read_split(full, "train")["text"].to_pylist())
     assert read_split(out, "test").equals(read_split(full, "test"))  # the sample leaves test alone
@@ -241,29 +238,29 @@ def _bad_label(tmp_path: Path) -> TaskConfig:
     rows = [{"text": r["review"], "label": r["stars"]} for r in reviews(20)]
     rows[6]["label"] = "awful"
     write_csv(tmp_path / "bad.csv", rows)
-    return TaskConfig(kind="classification", source="bad.csv", labels=["good", "bad", "meh"])
+    return task_config("classification", "bad.csv", labels=["good", "bad", "meh"])
 
 
 def _missing_column(tmp_path: Path) -> TaskConfig:
     write_csv(tmp_path / "bad.csv", reviews(20))
-    return TaskConfig(kind="classification", source="bad.csv", columns={"label": "stars"})
+    return task_config("classification", "bad.csv", columns={"label": "stars"})
 
 
 def _conll_missing_tag(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.conll").write_text(CONLL_TRAIN.replace("call NN I-NP O", "call"))
-    return TaskConfig(kind="token", source="bad.conll")
+    return task_config("token", "bad.conll")
 
 
 def _jsonl_lengths(tmp_path: Path) -> TaskConfig:
     rows = [{"tokens": ["Rome", "is"], "tags": ["B-LOC", "O"]}] * 5
     rows = rows + [{"tokens": ["Paris", "is", "big"], "tags": ["B-LOC", "O"]}]
     write_jsonl(tmp_path / "bad.jsonl", rows)
-    return TaskConfig(kind="token", source="bad.jsonl")
+    return task_config("token", "bad.jsonl")
 
 
 def _malformed_tag(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.txt").write_text(CONLL_TRAIN.replace("B-MISC", "MISC"))
-    return TaskConfig(kind="token", source="bad.txt")
+    return task_config("token", "bad.txt")
 
 
 def _empty_text(tmp_path: Path) -> TaskConfig:
@@ -271,12 +268,12 @@ def _empty_text(tmp_path: Path) -> TaskConfig:
             for i in range(20)]
     rows[3]["text_b"] = "   "
     write_jsonl(tmp_path / "bad.jsonl", rows)
-    return TaskConfig(kind="pair", source="bad.jsonl")
+    return task_config("pair", "bad.jsonl")
 
 
 def _one_class(tmp_path: Path) -> TaskConfig:
     write_csv(tmp_path / "bad.csv", [{"text": f"text {i}", "label": "spam"} for i in range(20)])
-    return TaskConfig(kind="classification", source="bad.csv")
+    return task_config("classification", "bad.csv")
 
 
 def _empty_split(tmp_path: Path) -> TaskConfig:
@@ -285,40 +282,40 @@ def _empty_split(tmp_path: Path) -> TaskConfig:
     write_csv(folder / "train.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(10)])
     write_csv(folder / "valid.csv", [{"text": "v", "label": "a"}])
     (folder / "test.csv").write_text("text,label\n")
-    return TaskConfig(kind="classification", source="bad")
+    return task_config("classification", "bad")
 
 
 def _too_small(tmp_path: Path) -> TaskConfig:
     write_csv(tmp_path / "tiny.csv", [{"text": f"t {i}", "label": "ab"[i % 2]} for i in range(4)])
-    return TaskConfig(kind="classification", source="tiny.csv")
+    return task_config("classification", "tiny.csv")
 
 
 def _binary_csv(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.csv").write_bytes(b"\x00\x01PK\x03\x04" * 100)
-    return TaskConfig(kind="classification", source="bad.csv")
+    return task_config("classification", "bad.csv")
 
 
 def _broken_parquet(tmp_path: Path) -> TaskConfig:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
-    return TaskConfig(kind="classification", source="bad.parquet")
+    return task_config("classification", "bad.parquet")
 
 
 def _unknown_builtin(tmp_path: Path) -> TaskConfig:
-    return TaskConfig(kind="classification", source="imdb-sentiment")
+    return task_config("classification", "imdb-sentiment")
 
 
 def _duplicate_header(tmp_path: Path) -> TaskConfig:
     # `review,verdict,review`: every text was read from the last column, without a word.
     (tmp_path / "bad.csv").write_text("review,verdict,review\n" + "".join(
         f"great film {i},{'pos' if i % 2 else 'neg'},note {i}\n" for i in range(30)))
-    return TaskConfig(kind="classification", source="bad.csv", columns={"text": "review", "label": "verdict"})
+    return task_config("classification", "bad.csv", columns={"text": "review", "label": "verdict"})
 
 
 def _label_with_a_stray_space(tmp_path: Path) -> TaskConfig:
     rows = [{"text": f"review {i}", "label": "pos" if i % 2 else "neg"} for i in range(40)]
     rows[9]["label"] = " neg"  # was a third class
     write_csv(tmp_path / "bad.csv", rows)
-    return TaskConfig(kind="classification", source="bad.csv")
+    return task_config("classification", "bad.csv")
 
 
 def _spans_all_too_long(tmp_path: Path) -> TaskConfig:
@@ -326,7 +323,7 @@ def _spans_all_too_long(tmp_path: Path) -> TaskConfig:
     rows = [{"tokens": [*name, "said", str(i)], "tags": ["B-ORG"] + ["I-ORG"] * 8 + ["O", "O"]}
             for i in range(20)]
     write_jsonl(tmp_path / "bad.jsonl", rows)
-    return TaskConfig(kind="span", source="bad.jsonl", max_span_words=8)
+    return task_config("span", "bad.jsonl", max_span_words=8)
 
 
 def _file(name: str, content: bytes | str | pa.Table, kind: str = "classification",
@@ -339,7 +336,7 @@ def _file(name: str, content: bytes | str | pa.Table, kind: str = "classificatio
             pq.write_table(content, path)
         else:
             path.write_bytes(content.encode() if isinstance(content, str) else content)
-        return TaskConfig(kind=kind, source=name.partition("/")[0], **task)
+        return task_config(kind, name.partition("/")[0], **task)
     return make
 
 
@@ -348,7 +345,7 @@ def _folder(files: dict[str, str], kind: str = "classification", **task) -> Call
     def make(tmp_path: Path) -> TaskConfig:
         for name, text in files.items():
             _file(f"bad/{name}", text)(tmp_path)
-        return TaskConfig(kind=kind, source="bad", **task)
+        return task_config(kind, "bad", **task)
     return make
 
 
@@ -442,7 +439,7 @@ def test_json_lines_may_hold_line_separators_inside_strings(tmp_path):
     # U+2028 and U+0085 are valid inside a JSON string; str.splitlines split lines at them.
     rows = [{"text": f"line one\u2028line two\u0085 {i}", "label": "ab"[i % 2]} for i in range(30)]
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.jsonl"))
+    stats, out = prepare(tmp_path, task_config("classification", "r.jsonl"))
     assert sum(stats["examples"].values()) == 30
     assert "\u2028" in read_split(out, "train")["text"][0].as_py()
 
@@ -466,8 +463,8 @@ def test_utf16_and_utf32_task_files_with_a_bom_read_as_their_utf8_copy(tmp_path,
     (tmp_path / name).write_bytes((bom + text).encode(codec))
     (tmp_path / "utf8").mkdir()
     (tmp_path / "utf8" / name).write_text(text, encoding="utf-8")
-    stats, out = prepare(tmp_path, TaskConfig(kind=kind, source=name))
-    _, utf8 = prepare(tmp_path, TaskConfig(kind=kind, source=f"utf8/{name}"), "utf8")
+    stats, out = prepare(tmp_path, task_config(kind, name))
+    _, utf8 = prepare(tmp_path, task_config(kind, f"utf8/{name}"), "utf8")
     assert _splits(out) == _splits(utf8)
     assert stats["changed"] == {}  # decoded as what it is: nothing to count
 
@@ -477,7 +474,7 @@ def test_stray_bytes_in_a_utf8_task_file_leave_the_rest_as_written(tmp_path, cap
     # not UTF-8, but only those bytes are read as cp1252; every é elsewhere stays é (not Ã©).
     data = CAFE_ROWS.encode() + b"a \x93pasted\x94 review,b\n"
     (tmp_path / "r.csv").write_bytes(data)
-    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source="r.csv"))
+    stats, out = prepare(tmp_path, task_config("classification", "r.csv"))
     texts = {row["text"] for rows in _splits(out).values() for row in rows}
     assert texts == {f"caf\u00e9 review {i} was \u201cfine\u201d" for i in range(30)} | \
         {"a \u201cpasted\u201d review"}
@@ -493,8 +490,8 @@ def test_extra_columns_are_ignored(tmp_path, fmt):
     (tmp_path / "plain").mkdir()
     write(tmp_path / f"r.{fmt}", rows)
     write(tmp_path / "plain" / f"r.{fmt}", JSON_ROWS)
-    _, out = prepare(tmp_path, TaskConfig(kind="classification", source=f"r.{fmt}"))
-    _, plain = prepare(tmp_path, TaskConfig(kind="classification", source=f"plain/r.{fmt}"), "plain")
+    _, out = prepare(tmp_path, task_config("classification", f"r.{fmt}"))
+    _, plain = prepare(tmp_path, task_config("classification", f"plain/r.{fmt}"), "plain")
     assert _splits(out) == _splits(plain)
 
 
@@ -506,7 +503,7 @@ def test_a_text_of_a_whole_article_on_one_line_is_read(tmp_path, fmt):
         (tmp_path / "r.csv").write_text(ROWS + f'"{article}",a\n')
     else:
         write_jsonl(tmp_path / "r.jsonl", [*JSON_ROWS, {"text": article, "label": "a"}])
-    stats, out = prepare(tmp_path, TaskConfig(kind="classification", source=f"r.{fmt}"))
+    stats, out = prepare(tmp_path, task_config("classification", f"r.{fmt}"))
     assert sum(stats["examples"].values()) == 31
     assert article in {row["text"] for rows in _splits(out).values() for row in rows}
 
@@ -527,8 +524,8 @@ def test_blank_lines_written_in_other_ways_give_the_same_sentences(tmp_path, var
     (tmp_path / "clean").mkdir()
     (tmp_path / "clean" / "r.conll").write_text(CLEAN_CONLL)
     (tmp_path / "r.conll").write_bytes(text.encode())
-    stats, out = prepare(tmp_path, TaskConfig(kind="token", source="r.conll"))
-    _, clean = prepare(tmp_path, TaskConfig(kind="token", source="clean/r.conll"), "clean")
+    stats, out = prepare(tmp_path, task_config("token", "r.conll"))
+    _, clean = prepare(tmp_path, task_config("token", "clean/r.conll"), "clean")
     assert sum(stats["examples"].values()) == 30
     assert _splits(out) == _splits(clean)
 
@@ -538,7 +535,7 @@ def test_entities_longer_than_the_span_limit_are_counted(tmp_path):
              "tags": ["B-PER", "I-PER", "O", "O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "I-ORG", "I-ORG",
                       "O"]} for i in range(30)]
     write_jsonl(tmp_path / "s.jsonl", rows)
-    stats, _ = prepare(tmp_path, TaskConfig(kind="span", source="s.jsonl", max_span_words=4))
+    stats, _ = prepare(tmp_path, task_config("span", "s.jsonl", max_span_words=4))
     assert stats["changed"]["entities_over_max_span_words"] == 30  # each ORG: 6 words, never found
 
 
@@ -549,7 +546,7 @@ def test_unseen_label_in_test_is_named(tmp_path):
     write_csv(folder / "valid.csv", [{"text": "v", "label": "a"}])
     write_csv(folder / "test.csv", [{"text": "w", "label": "a"}, {"text": "x", "label": "c"}])
     with pytest.raises(DataError, match=r"test.csv:3 \(row 2\): label 'c' in test never occurs"):
-        prepare(tmp_path, TaskConfig(kind="classification", source="f"))
+        prepare(tmp_path, task_config("classification", "f"))
 
 
 def test_data_contract_runs_on_written_splits(tmp_path):
@@ -567,11 +564,11 @@ def test_data_contract_runs_on_written_splits(tmp_path):
 def test_config_mistakes(tmp_path):
     write_csv(tmp_path / "r.csv", reviews(10))
     with pytest.raises(ConfigError, match="unknown role"):
-        prepare(tmp_path, TaskConfig(kind="classification", source="r.csv", columns={"sentence": "review"}))
+        prepare(tmp_path, task_config("classification", "r.csv", columns={"sentence": "review"}))
     with pytest.raises(ConfigError, match="entity types"):
-        prepare(tmp_path, TaskConfig(kind="token", source="r.csv", labels=["B-PER", "O"]))
+        prepare(tmp_path, task_config("token", "r.csv", labels=["B-PER", "O"]))
     with pytest.raises(ConfigError, match="is a pair task"):
-        prepare(tmp_path, TaskConfig(kind="classification", source="news-order"))
+        prepare(tmp_path, task_config("classification", "news-order"))
 
 
 # ----------------------------------------------------------------------------- built-ins
@@ -639,7 +636,7 @@ def test_trec_same_type(builtins):
         assert abs(counts["same"] - counts["different"]) <= 1, split
     # A `same` pair really shares the fine type (both questions' labels from the source file).
     fine = {q["text"]: q["fine"] for q in builtin._trec_questions(
-        builtin.Context("x", TaskConfig(kind="pair", source="trec-same-type"), Path("."), PACKAGES))}
+        builtin.Context("x", task_config("pair", "trec-same-type"), Path("."), PACKAGES))}
     for row in read_split(out, "valid").to_pylist():
         assert (fine[row["text_a"]] == fine[row["text_b"]]) == (row["label"] == "same")
 
@@ -650,7 +647,7 @@ def test_news_order(builtins):
     for counts in stats["label_counts"].values():
         assert abs(counts["ordered"] - counts["swapped"]) <= 1
     # The articles behind each split's pairs (the loader names them) never meet.
-    ctx = builtin.Context("news-order", TaskConfig(kind="pair", source="news-order"), Path("."), PACKAGES)
+    ctx = builtin.Context("news-order", task_config("pair", "news-order"), Path("."), PACKAGES)
     loaded = builtin._news_order(ctx)
     articles = {s: {ex["_where"].split(", sentences")[0] for ex in loaded[s]} for s in SPLITS}
     assert disjoint(articles)

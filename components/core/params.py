@@ -10,7 +10,7 @@ from typing import Any, TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core.config import Broken, Params, TaskConfig
+from components.core.config import InvalidKey, Params, TaskConfig, TaskSettings
 from components.core.errors import ConfigError
 from components.core.packages import CHECKPOINTS
 
@@ -18,6 +18,12 @@ M = TypeVar("M", bound=BaseModel)
 EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type":
             "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
             "finite_number": "a finite number (not .inf or .nan)"}
+# pydantic's range errors, worded as the loader words the others.
+LIMITS = {"greater_than": "must be above {gt:g}", "greater_than_equal": "must be at least {ge:g}",
+          "less_than": "must be below {lt:g}", "less_than_equal": "must be at most {le:g}",
+          "too_short": "must hold at least {min_length} item(s)"}
+# Each list or mapping of entries, and the section key holding what its entries leave out.
+ENTRY_DEFAULTS = {("ingest", "sources"): "source_defaults", ("finetune", "tasks"): "task_defaults"}
 # A teacher folder in transformers' layout: what components.model.checkpoint reads from it.
 TEACHER_FILES = ("config.json", "model.safetensors")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -32,7 +38,7 @@ def load_params(path: str | Path) -> Params:
 
     path = Path(path)
     root = path.resolve().parent
-    params = parse(Params, _read_yaml(path), f"{path}:", root)
+    params = parse(Params, with_entry_defaults(_read_yaml(path)), f"{path}:", root)
     check_stage_outputs(params, root, f"{path}:")
     check_teacher(params, root, f"{path}:")
     return params
@@ -48,8 +54,12 @@ def parse(model: type[M], data: Any, where: str, root: Path | None = None) -> M:
         key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
         kind, cause, value = error["type"], error.get("ctx", {}).get("error"), error.get("input")
         got = f"got {type(value).__name__} {value!r}"[:120]
-        if isinstance(cause, Broken):  # a cross-field rule, about a key inside the section
-            key, what = ".".join(filter(None, (key, cause.args[0]))), cause.args[1]
+        if isinstance(cause, InvalidKey):  # a cross-field rule, about a key inside the section
+            key, what = ".".join(filter(None, (key, cause.key))), str(cause)
+        elif kind == "greater_than" and error["ctx"]["gt"] == 0:
+            what = f"must be positive, {got}"
+        elif kind in LIMITS:
+            what = f"{LIMITS[kind].format(**error['ctx'])}, {got}"
         elif kind == "value_error":
             what = str(cause)
         elif kind in ("missing", "extra_forbidden"):
@@ -60,6 +70,30 @@ def parse(model: type[M], data: Any, where: str, root: Path | None = None) -> M:
         else:
             what = f"expected {EXPECTED.get(kind, kind)}, {got}"
         raise ConfigError(f"{where}{key}: {what}") from None
+
+
+def with_entry_defaults(data: dict) -> dict:
+    """Params data with each task and corpus source given the keys it leaves out, from
+    finetune.task_defaults and ingest.source_defaults: an entry's own value wins whole (its
+    `columns` replace the default's, not merge with them). Data not in that shape stays as it is,
+    for parse to name."""
+    filled = dict(data)
+    for (name, entries), defaults_key in ENTRY_DEFAULTS.items():
+        section = data.get(name)
+        defaults = section.get(defaults_key) if isinstance(section, dict) else None
+        if not isinstance(defaults, dict):
+            continue
+        items = section.get(entries)
+        if isinstance(items, list):
+            filled[name] = {**section, entries: [_fill(defaults, e) for e in items]}
+        elif isinstance(items, dict):
+            filled[name] = {**section, entries: {n: _fill(defaults, e) for n, e in items.items()}}
+    return filled
+
+
+def _fill(defaults: dict, entry: Any) -> Any:
+    """An entry with the keys it leaves out taken from `defaults` (not a mapping: as it is)."""
+    return {**defaults, **entry} if isinstance(entry, dict) else entry
 
 
 def check_teacher(p: Params, root: Path, where: str) -> None:
@@ -168,7 +202,7 @@ def _check_tasks_extended(data: dict, extended: dict, path: Path, base: str) -> 
     """A file that extends `base` may change its tasks, or add whole ones (kind and source given),
     not set keys of tasks `base` lacks: merged, such a task would be refused for a key the user
     never wrote (a preset over a params.yaml whose tasks were renamed)."""
-    required = {k for k, f in TaskConfig.model_fields.items() if f.is_required()}
+    required = TaskConfig.model_fields.keys() - TaskSettings.model_fields.keys()
     theirs = _tasks(extended)
     lacking = [name for name, task in _tasks(data).items()
                if name not in theirs and not (isinstance(task, dict) and required <= task.keys())]

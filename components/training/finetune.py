@@ -5,12 +5,12 @@ Examples are encoded once (the tokenizer of the encoder), batched by length so t
 sentences are not padded to the longest of the split, and kept in memory (tasks are small).
 Validation runs a few times per epoch; early stopping and the best weights follow the task's
 primary metric (accuracy; entity F1 for BIO token and span tasks; word accuracy for plain
-tags). With several learning rates (`lr_grid`) each init first trains its first seed at every
-rate; the rate with the best validation metric trains the other seeds, and the winning trial
-is that init's first fit (no test prediction is made for a losing trial). Each fit writes its
-test predictions to `fits/`; `evaluate@task` scores them. The first init's first seed is
-exported as the task's model (model.metadata.TaskModelInfo). `probe_fits` trains the same fits
-on a sample, scored on validation only, for the transfer probe (training/probe.py).
+tags). With several learning rates (a list as the task's `lr`) each init first trains its
+first seed at every rate; the rate with the best validation metric trains the other seeds, and
+the winning trial is that init's first fit (no test prediction is made for a losing trial). Each
+fit writes its test predictions to `fits/`; `evaluate@task` scores them. The first init's first
+seed is exported as the task's model (model.metadata.TaskModelInfo). `probe_fits` trains the
+same fits on a sample, scored on validation only, for the transfer probe (training/probe.py).
 
 Each fit records its init's key: the digest of everything that decides it but the seed (the
 code, the start's weights and tokenizer, the task data, the settings that reach a fit). The
@@ -88,7 +88,7 @@ class TaskFits:
     out: Path  # the stage's temporary output folder
     valid_gold: pa.Table
     test_gold: pa.Table | None  # the ONNX int8 check's (finetune.onnx); None in the probe
-    epochs: int  # the task's, else finetune's
+    epochs: int  # the task's
     distill: tuple[float, float] | None = None  # the `distilled` start's (temperature, alpha)
     keys: dict[str, str] | None = None  # by init (fit_key); None in the probe
 
@@ -104,21 +104,6 @@ class Job:
     lr: float
     trial: bool = False
     trained: dict | None = None
-
-
-def learning_rates(task: TaskConfig, cfg: FinetuneConfig) -> list[float]:
-    """The rates a task's fits choose from, the most specific setting first: the task's grid,
-    the task's rate, finetune's grid, finetune's rate. One rate: no search."""
-    if task.lr_grid:
-        return list(task.lr_grid)
-    if task.lr:
-        return [task.lr]
-    return list(cfg.lr_grid) or [cfg.lr]
-
-
-def teacher_rates(task: TaskConfig, distill: DistillConfig) -> list[float]:
-    """The rates of a model of the teacher's checkpoint: the task's teacher_lr, else the grid."""
-    return [task.teacher_lr] if task.teacher_lr else list(distill.teacher_lr_grid)
 
 
 def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
@@ -138,13 +123,12 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
     if "adapted" in cfg.init and not (adapted_dir and (Path(adapted_dir) / "model.safetensors").exists()):
         raise DataError(f"finetune.init has adapted, but {adapted_dir} holds no adapted encoder; "
                         f"run the adapt stage of this task first")
-    epochs = task.epochs or cfg.epochs
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     ours = _start(encoder_dir, encoder.config, tokenizer, splits, task, cfg, meta)
     starts = {"pretrained": ours, "scratch": replace(ours, weights=None),
               "checkpoint": replace(ours, weights=checkpoint_dir),
               "adapted": replace(ours, weights=adapted_dir)}
-    rates = {init: learning_rates(task, cfg) for init in cfg.init}
+    rates = {init: task.lr for init in cfg.init}
     soft = None
     if "distilled" in cfg.init:
         student, student_tokenizer = ours, tokenizer
@@ -152,28 +136,28 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
             _, cut, student_tokenizer = _open(name, task, task_dir, student_dir)
             held_out = {s: splits[s] for s in ("valid", "test")}  # it trains on the transfer set
             student = _start(student_dir, cut.config, student_tokenizer, held_out, task, cfg, meta)
-            rates["distilled"] = teacher_rates(task, distill)
+            rates["distilled"] = task.teacher_lr
         student.encoded["transfer"] = transfer_examples(transfer_dir, name, task, cfg, student_tokenizer,
                                                         meta, student.max_len)
         starts["distilled"] = student
         soft = (distill.temperature, distill.alpha)
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": ours.max_len,
-                   "epochs": epochs, "precision": resolve_precision(cfg.precision),
+                   "epochs": task.epochs, "precision": resolve_precision(cfg.precision),
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
                    **({"train_windows": len(ours.encoded["train"])} if task.long_text == "chunks" else {}),
                    **({"transfer_examples": len(starts["distilled"].encoded["transfer"])} if soft else {}),
                    "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                if k in encoder.stats}}
-    keys = {init: fit_key(init, starts[init], rates[init], task, cfg, epochs, task_dir, transfer_dir, soft)
-            for init in cfg.init}
+    keys = {init: fit_key(init, starts[init], rates[init], task, cfg, task.epochs, task_dir, transfer_dir,
+                          soft) for init in cfg.init}
     with atomic_dir(out_dir) as tmp:
         (tmp / "fits").mkdir()
         taken = _take_fits(keys, cfg, reuse_from, tmp / "fits")
         shared = TaskFits(name, task, cfg, meta["labels"], meta.get("scheme", ""),
                           {init: starts[init] for init in cfg.init}, tmp, splits["valid"], splits["test"],
-                          epochs, soft, keys)
+                          task.epochs, soft, keys)
         most = max(len(r) for r in rates.values())
         workers = worker_count(cfg.workers, len(cfg.init) * max(most, len(cfg.seeds)))
         # Wall minutes and the worker count describe this execution, not the models: MLflow only.
@@ -218,7 +202,7 @@ def finetune_task(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Pa
 # the list of inits, the other tasks, the seeds (each fit's own), the export, the worker count
 # (fits in workers are those of one process), and the teacher's settings (its transfer set and
 # its rates are in the key).
-_NOT_IN_KEY = {"init", "tasks", "seeds", "onnx", "workers"}
+_NOT_IN_KEY = {"init", "task_defaults", "tasks", "seeds", "onnx", "workers"}
 _TASK_NOT_IN_KEY = {"teacher_lr", "transfer_corpus", "transfer_pairs", "pair_link"}
 
 
@@ -291,8 +275,8 @@ def probe_fits(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path,
         splits["train"] = splits["train"].take(rows)
     shared = TaskFits(name, task, cfg, meta["labels"], meta.get("scheme", ""),
                       {"pretrained": _start(encoder_dir, encoder.config, tokenizer, splits, task, cfg, meta)},
-                      Path(work_dir), splits["valid"], None, task.epochs or cfg.epochs)
-    jobs = [Job("pretrained", s, learning_rates(task, cfg)[0], trial=True) for s in cfg.seeds]
+                      Path(work_dir), splits["valid"], None, task.epochs)
+    jobs = [Job("pretrained", s, task.lr[0], trial=True) for s in cfg.seeds]
     try:
         summaries = _run(shared, jobs, worker_count(cfg.workers, len(jobs)), f"probe {name}")
     finally:
@@ -317,7 +301,7 @@ def _start(encoder_dir: Path, bert: BertConfig, tokenizer, splits: dict[str, pa.
            cfg: FinetuneConfig, meta: dict) -> Start:
     """The start from the encoder in `encoder_dir`: each split's examples encoded once by its
     tokenizer, for every fit."""
-    max_len = min(task.max_seq_len or cfg.max_seq_len, bert.max_position)
+    max_len = min(task.max_seq_len, bert.max_position)
     encoded = {s: encode(t, task.kind, tokenizer, meta["labels"], max_len, task.long_text, cfg.label_subwords,
                          task.max_span_words, meta.get("scheme", ""), task.chunk_overlap)
                for s, t in splits.items()}
@@ -406,7 +390,7 @@ def fit_and_predict(shared: TaskFits, job: Job) -> dict:
     encoded = origin.encoded
     name = f"{init}-s{seed}"
     spec = FitSpec(task.kind, space, init, seed, shared.epochs, job.lr, task.max_span_words,
-                   task.span_decoding, task.tag_decoding, shared.scheme, task.patience or cfg.patience,
+                   task.span_decoding, task.tag_decoding, shared.scheme, task.patience,
                    shared.distill if init == "distilled" else None)
     start = time.perf_counter()
     if job.trained is None:

@@ -34,7 +34,7 @@ def probe(encoder_dir: Path, tasks: dict[str, TaskConfig], cfg: FinetuneConfig, 
                           f"built-in tasks {', '.join(PROBE)}")
     seeds = list(dict.fromkeys(seeds or [1]))  # a repeated seed would repeat its fit
     # The fixed protocol: its samples' own epochs, not finetune.min_steps (the probe's budget).
-    one = cfg.model_copy(update={"seeds": seeds, "lr_grid": [], "min_steps": 0})
+    one = cfg.model_copy(update={"seeds": seeds, "min_steps": 0})
     scores: dict = {"seeds": seeds}
     for name, examples in PROBE.items():
         fits = probe_fits(name, tasks[name], one, Path(tasks_dir) / name, encoder_dir,

@@ -1,7 +1,7 @@
 """Stage `teacher@task`: the teacher of the `distilled` start, `distill.teacher` (a public
 checkpoint, MiniLM by default) fine-tuned on the task by the task's own protocol (epochs,
-windows, decoding, early stopping) at the teacher's rates: the task's `teacher_lr`, else
-`distill.teacher_lr_grid` searched on validation. The first seed's model is the teacher
+windows, decoding, early stopping) at the teacher's rates, the task's `teacher_lr` (several:
+searched on validation). The first seed's model is the teacher
 (`model/`, a task model like any other: served, exported, quantized the same way); every seed
 is scored on validation and test, which is the checkpoint's own row in the transfer table.
 Apart from `transfer_set@task` so that a new pretrained encoder, or new augmentation settings,
@@ -25,7 +25,7 @@ from components.data.tasks.folder import read_meta, read_split
 from components.evaluation.metrics import primary_metric, score_predictions
 from components.model.checkpoint import import_checkpoint
 from components.model.metadata import INFO_FILE
-from components.training.finetune import finetune_task, teacher_rates
+from components.training.finetune import finetune_task
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Disti
         with atomic_dir(out_dir) as tmp:
             write_json(tmp / INFO_FILE, {"teacher": ""})
         return {"teacher": ""}
-    teacher_task = task.model_copy(update={"lr": 0.0, "lr_grid": teacher_rates(task, distill)})
+    teacher_task = task.model_copy(update={"lr": task.teacher_lr})
     # The checkpoint arm of finetune_task: fits named checkpoint-sN, exported from the first seed.
     teacher_cfg = cfg.model_copy(update={"init": ["checkpoint"], "seeds": list(distill.teacher_seeds),
                                          "onnx": False})

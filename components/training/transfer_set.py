@@ -44,7 +44,7 @@ def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Di
     meta = read_meta(task_dir)
     info = check_teacher(Path(teacher_dir) / "model", name, task, meta)
     train = read_split(task_dir, "train")
-    max_len = min(task.max_seq_len or cfg.max_seq_len, read_encoder_info(encoder_dir).config.max_position)
+    max_len = min(task.max_seq_len, read_encoder_info(encoder_dir).config.max_position)
     copies = augment(train, task.kind, encoder_dir, distill.augment_copies, distill.augment_prob,
                      distill.augment_top_k, distill.seed, max_len)
     corpus = paired = train.slice(0, 0)
