@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -21,9 +20,6 @@ from pipeline.cli_common import (
     mlflow_client,
     registry_client,
 )
-
-if TYPE_CHECKING:
-    from components.lifecycle.rows import Limits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible pretraining and fine-tuning of BERT-style encoders.")
@@ -197,193 +193,16 @@ def predict(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Predict with a registered model: one JSON line per input, the input's fields included."""
-    import tempfile
+    from pipeline.model_loading import fetched, load_pyfunc, model_uri
+    from pipeline.predict import check_options, predict_rows
 
-    from components.core.errors import ConfigError
-    from components.lifecycle.rows import Limits
-
-    if (file is None) == (not text):
-        raise ConfigError("give --text (one or more) or --file")
-    if text_b and len(text_b) != len(text or []):
-        raise ConfigError("give one --text-b per --text")
-    for option, values in (("--text", text), ("--text-b", text_b)):
-        if blank := [str(i) for i, value in enumerate(values or [], 1) if not value.strip()]:
-            raise ConfigError(f"{option} {', '.join(blank)} of {len(values)}: empty or whitespace-only text")
-    limits = Limits.from_env()  # the model's, checked here too to name where a row is
-    if batch_size > limits.max_rows:  # else the first full batch fails, late
-        raise ConfigError(f"--batch-size {batch_size}: a model call holds at most {limits.max_rows} rows "
-                          "(BERTFLOW_MAX_ROWS); give a smaller one")
+    limits = check_options(text, text_b, file, batch_size)
     if out is not None:
         check_output(out, "--out", params)
-    with tempfile.TemporaryDirectory(prefix="bertflow-predict-") as tmp:  # the model's files
-        uri = _model_uri(task, model, trust_model, params)
-        pyfunc = _load_pyfunc(uri, _fetch_model(uri, Path(tmp), trust_model), backend.value)
-        _predict(pyfunc, task, text, text_b, file, out, batch_size, limits)
-
-
-def _predict(pyfunc, task: str, text: list[str] | None, text_b: list[str] | None, file: Path | None,
-             out: Path | None, batch_size: int, limits: Limits) -> None:
-    """One JSON line per input row, to `out` (whole or not at all) or stdout."""
-    import json
-
-    import pandas as pd
-
-    from components.core.errors import DataError
-    from components.core.io import atomic_file
-    from components.core.progress import bar
-    from components.lifecycle.rows import TEXTS, column_problem, read_numbered, text_problem
-
-    # Rows are checked before the model runs, each named by where it is in the input: MLflow's
-    # schema check would name none, and drop a text column the model does not read unsaid.
-    required, optional = _input_columns(pyfunc)
-    reads = [*required, *optional] or list(TEXTS)
-    if file is None:
-        _check_text_options(required, optional, bool(text_b))
-        rows = [{"text_a": a, "text_b": b} for a, b in zip(text, text_b, strict=True)] if text_b \
-            else [{"text": t} for t in text]
-        batches = iter([[(f"--text {i}", row) for i, row in enumerate(rows, 1)]])
-    else:
-        batches = read_numbered(file, batch_size)
-    with contextlib.ExitStack() as stack:
-        if out is None:
-            sink = sys.stdout
-        else:  # written whole or not at all
-            sink = stack.enter_context(stack.enter_context(atomic_file(out)).open("w", encoding="utf-8"))
-        for numbered in bar(batches, f"predict {task}", unit="batch"):
-            for place, row in numbered:
-                where = f"{file}, {place}" if file else place
-                # a CSV file's columns are its header's: the file is at fault, not a row
-                if problem := column_problem(row, required, optional, strict=False):
-                    raise DataError(f"{file if file and file.suffix.lower() == '.csv' else where}: {problem}")
-                if problem := text_problem(row, reads) or limits.text_over(row):
-                    raise DataError(f"{where}: {problem}")
-            rows = [row for _, row in numbered]
-            # Only what the model reads goes in (the rest is written back as it came).
-            frame = pd.DataFrame([{c: r[c] for c in reads if c in r} for r in rows] if required or optional
-                                 else rows)
-            for row, answer in zip(rows, _answers(pyfunc, frame, file), strict=True):
-                sink.write(json.dumps({**row, **answer}, ensure_ascii=False) + "\n")
-
-
-def _input_columns(pyfunc) -> tuple[list[str], list[str]]:
-    """The required and optional input columns the model's signature names (none, if its
-    signature names none: a model not of bertflow's, whose input MLflow alone checks)."""
-    schema = pyfunc.metadata.get_input_schema()
-    if schema is None or not schema.has_input_names():
-        return [], []
-    return list(schema.required_input_names()), list(schema.optional_input_names())
-
-
-def _check_text_options(required: list[str], optional: list[str], pairs: bool) -> None:
-    """--text (with --text-b, a pair) against what the model reads, in the options' own words."""
-    from components.core.errors import ConfigError
-
-    reads = {*required, *optional}
-    if not reads:
-        return
-    if pairs and not {"text_a", "text_b"} <= reads:
-        raise ConfigError(f"--text-b: the model reads {', '.join(map(repr, [*required, *optional]))}, "
-                          "not pairs of texts: give --text alone")
-    if not pairs and "text" not in reads and {"text_a", "text_b"} <= reads:
-        raise ConfigError("the model reads pairs of texts ('text_a', 'text_b'): give a --text-b "
-                          "with each --text")
-
-
-def _model_uri(task: str, model: str | None, trust_model: bool, params: Path) -> str:
-    """The model a command loads: `model`, else TASK's champion; a registry URI checked
-    against the registry, a model folder refused unless trusted."""
-    from components.lifecycle.registry import checked_uri
-
-    uri = model or f"models:/{task}@champion"
-    if model and not trust_model:
-        _check_model_folder(model, params.resolve().parent)
-    return checked_uri(registry_client(params) if uri.startswith("models:/") else mlflow_client(params), uri)
-
-
-def _fetch_model(uri: str, dst: Path, trust_model: bool) -> Path:
-    """The model at `uri`, downloaded into `dst` (or the folder itself), checked for pickles:
-    MLflow would unpickle them on loading, which runs whatever their author put in. A model
-    bertflow saved is code and safetensors; anything else needs --trust-model."""
-    import mlflow
-
-    from components.lifecycle.registry import pickles_in
-
-    # MLflow's own switch too (it allows pickles by default), for this process and a server's.
-    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = str(trust_model).lower()
-    local = Path(uri) if Path(uri).is_dir() else \
-        Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dst)))
-    if not trust_model and (found := pickles_in(local)):
-        raise BertflowError(f"model {uri} holds what loading would unpickle ({', '.join(found[:3])}"
-                            f"{', ...' if len(found) > 3 else ''}), which can run any code; pass "
-                            "--trust-model if you trust who wrote it")
-    return local
-
-
-def _check_model_folder(uri: str, root: Path) -> None:
-    """Refuse a model folder, inside the project or outside: loading an MLflow model runs the
-    code it holds (its models-from-code file, a loader module, a pickle), whoever put it
-    there. Registry and run URIs resolve through the project's tracking store (params
-    `tracking`), where the registry step logged bertflow's own code; _fetch_model checks them."""
-    from urllib.parse import urlparse
-
-    from components.lifecycle.registry import code_in
-
-    parsed = urlparse(uri)
-    if parsed.scheme in ("models", "runs", "mlflow-artifacts"):
-        return
-    folder = Path(parsed.path if parsed.scheme else uri)
-    if parsed.scheme not in ("", "file") or not folder.resolve().is_relative_to(root):
-        raise BertflowError(f"--model {uri} is outside this project ({root}); loading a model runs "
-                            "the code it holds (models from code, a loader module, a pickle): pass "
-                            "--trust-model if you trust who wrote it")
-    if not (folder / "MLmodel").is_file():
-        raise BertflowError(f"--model {uri}: no MLflow model there (no MLmodel file); a registered "
-                            "model is models:/TASK/VERSION")
-    found = code_in(folder)
-    raise BertflowError(f"--model {uri} is a model folder, not a model of the project's registry, and "
-                        f"loading it runs the code it holds ({', '.join(found[:3])}"
-                        f"{', ...' if len(found) > 3 else ''}): pass --trust-model if you trust who "
-                        "wrote it, or give a models:/ or runs:/ URI")
-
-
-def _load_pyfunc(uri: str, local: Path, backend: str):
-    """The pyfunc model of `uri`, from its checked folder `local` (_fetch_model), on `backend`
-    (through the environment, as the REST server gets it: any registered model, new or old,
-    reads it there); a model MLflow or the backend cannot load is one clear line naming it."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    from components.lifecycle.backends import BACKEND_ENV
-
-    os.environ[BACKEND_ENV] = backend
-    try:
-        return mlflow.pyfunc.load_model(str(local))
-    except MlflowException as e:
-        raise BertflowError(f"cannot load model {uri}: {e.message.splitlines()[0]}") from None
-    except BertflowError as e:
-        raise BertflowError(_named_by_uri(str(e), uri, local)) from None
-
-
-def _named_by_uri(message: str, uri: str, local: Path) -> str:
-    """`message` about a model's files, with the temporary folder it was fetched into (gone
-    when the command ends) named by the model's URI instead."""
-    if Path(uri) == local:
-        return message
-    return f"model {uri}: {message.replace(f'{local}/', '').replace(str(local), '.')}"
-
-
-def _answers(pyfunc, frame, file: Path | None) -> list[dict]:
-    """The model's answers to a batch; input it refuses (as the REST server answers 400) is
-    one clear line, not a traceback."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return pyfunc.predict(frame)
-    except MlflowException as e:
-        where = f"{file}: " if file else ""
-        # MLflow's schema errors quote the whole batch first and their cause last
-        cause = e.message.rpartition("Error: ")[2].strip() or e.message.strip()
-        raise BertflowError(f"{where}{(cause.splitlines() or ['the model refused the input'])[0]}") from None
+    uri = model_uri(task, model, trust_model, params)
+    with fetched(uri, trust_model, "bertflow-predict-") as local:
+        predict_rows(load_pyfunc(uri, local, backend.value), task, text, text_b, file, out, batch_size,
+                     limits)
 
 
 @app.command("export-hf")
@@ -445,23 +264,17 @@ def serve_model(
     """Serve a registered model over REST until Ctrl-C or SIGTERM: MLflow's scoring server
     (POST /invocations, GET /ping), as `mlflow models serve` runs it, behind a request-body
     limit (MLflow's server alone reads any body whole into memory)."""
-    import tempfile
-
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH
 
-    from components.lifecycle.backends import BACKEND_ENV, TASK_MODEL, check_backend
+    from components.lifecycle.backends import BACKEND_ENV
+    from pipeline.model_loading import check_backend_of, fetched, model_uri
     from pipeline.ops.body_limit import MAX_BODY_ENV
     from pipeline.ops.ui import check_port, run_until_stopped
 
-    uri = _model_uri(task, model, trust_model, params)
+    uri = model_uri(task, model, trust_model, params)
     check_port(host, port, uri)
-    with tempfile.TemporaryDirectory(prefix="bertflow-serve-") as tmp:  # the model's files
-        local = _fetch_model(uri, Path(tmp), trust_model)
-        if (local / TASK_MODEL / "bertflow.json").is_file():  # a model bertflow saved
-            try:  # one line now, not the server's traceback when it loads the model
-                check_backend(local / TASK_MODEL, backend.value)
-            except BertflowError as e:
-                raise BertflowError(_named_by_uri(str(e), uri, local)) from None
+    with fetched(uri, trust_model, "bertflow-serve-") as local:
+        check_backend_of(uri, local, backend.value)
         env = {**os.environ, _SERVER_MODEL_PATH: str(local),
                MAX_BODY_ENV: str(int(max_body_mb * 1_000_000)), BACKEND_ENV: backend.value}
         typer.echo(f"serving {uri} on http://{host}:{port}/invocations (request bodies up to "
