@@ -62,14 +62,14 @@ def test_components_know_nothing_of_orchestration():
 
 
 def test_operations_stand_apart_from_the_flow():
-    # pipeline/ops (lock, watchdog, Prefect server, UI, schedule, environment, redaction, the
-    # model server's limit) knows nothing of the flow, the stages or the CLI, which use it.
+    # pipeline/ops (lock, watchdog, Prefect server, UI, schedule, signals, environment, redaction,
+    # the model server's limit) knows nothing of the flow, the stages or the CLI, which use it.
     wrong = [f"{m} imports {i}" for m in deps.project_modules() if m.startswith("pipeline.ops")
              for i in imports_of(m) if i.startswith("pipeline") and not i.startswith("pipeline.ops")]
     assert not wrong, "\n".join(wrong)
     rest = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.stem != "__init__")
-    assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "presets", "publish",
-                    "reference", "stages", "versioning"], rest
+    assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "model_loading",
+                    "predict", "presets", "publish", "reference", "stages", "versioning"], rest
 
 
 def test_no_import_cycles():
