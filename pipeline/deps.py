@@ -103,35 +103,58 @@ HEADER = """\
 
 
 def render(p: Params) -> str:
-    """dvc.yaml for params `p`: every stage of the table with its deps, params and outputs;
-    the per-task ones as a `foreach` over the tasks (task_data's over their sources)."""
-    from pipeline.stages import STAGES
+    """dvc.yaml for params `p`: every stage the params use, with its deps, params and outputs;
+    a per-task stage as a `foreach` over the tasks (task_data's over their sources), the
+    finetune stage over each task's starts (`fits`)."""
+    from pipeline.stages import STAGES, fit_items
 
     sources = source_deps(p)
     lines = [*HEADER.splitlines(), "vars:", "  - task_sources:",
-             *(f"      {n}: {s}" for n, s in task_sources(p).items()), "stages:"]
+             *(f"      {n}: {s}" for n, s in task_sources(p).items()), "  - fits:",
+             *(f"      {n}: {_flow(item)}" for n, item in fit_items(p).items()), "stages:"]
     for name, stage in STAGES.items():
-        task_var = "${key}" if stage.per_task else ""
-
-        def dvc(template: str, task_var: str = task_var) -> str:
-            return template.replace("{task}", task_var)
-
-        reads = [dvc(STAGES[r].writes if r in STAGES else r) for r in stage.reads]
+        if not stage.used(p):
+            continue
+        refs = ({"{task}": "${item.task}", "{start}": "${item.start}", "{weights}": "${item.weights}"}
+                if stage.per_start else {"{task}": "${key}"} if stage.per_task else {})
         source = ["${item}"] if name == "task_data" else sources.get(name, [])
-        outs = [*([(dvc(stage.writes), {"persist": True})] if stage.writes else []),
-                *((dvc(f), {"cache": False}) for f in stage.files),
-                *([] if stage.metric else [(dvc(stage.stats), {"cache": False})])]
-        body = [f"cmd: bertflow stage {name}{'@' + task_var if task_var else ''}",
-                "deps:", *(f"  - {d}" for d in [*reads, *source, *code_deps(name)]),
-                "params:", *(f"  - {dvc(k.replace('{task}', '${key}'))}" for k in stage.params),
-                *_outputs("outs", outs),
-                *_outputs("metrics", [(dvc(stage.stats), {"cache": False})] if stage.metric else []),
-                *_outputs("plots", [(dvc(f), {"cache": False, **options}) for f, options in stage.plots])]
+        body = _body(stage, p, lambda t, refs=refs: _fill(t, refs), source,
+                     [f"  - {_fill(k, refs)}" for k in stage.params],
+                     f"bertflow stage {name}" + ("@${key}" if stage.per_task else ""))
         if stage.per_task:
-            over = "${task_sources}" if name == "task_data" else "${finetune.tasks}"
+            over = ("${task_sources}" if name == "task_data" else "${fits}" if stage.per_start
+                    else "${finetune.tasks}")
             body = [f"foreach: {over}", "do:", *(f"  {line}" for line in body)]
         lines += ["", f"  {name}:", *(f"    {line}" for line in body)]
     return "\n".join(lines) + "\n"
+
+
+def _fill(template: str, refs: dict[str, str]) -> str:
+    """A template of the table with its `{task}`, `{start}`, `{weights}` replaced."""
+    for ref, value in refs.items():
+        template = template.replace(ref, value)
+    return template
+
+
+def _body(stage, p: Params, fill, source: list[str], params: list[str], cmd: str) -> list[str]:
+    """A stage's dvc.yaml entry (cmd, deps, params, outputs), its templates passed through `fill`."""
+    from pipeline.stages import STAGES, start_stage
+
+    reads = []
+    for read in stage.reads:
+        if read == "{starts}":  # evaluate: the folder of each start of the task
+            reads += [fill(STAGES[start_stage(s)].writes.replace("{start}", s)) for s in p.finetune.init]
+        else:
+            reads.append(fill(STAGES[read].writes if read in STAGES else read))
+    outs = [*([(fill(stage.writes), {"persist": True})] if stage.writes else []),
+            *((fill(f), {"cache": False}) for f in stage.files),
+            *([] if stage.metric else [(fill(stage.stats), {"cache": False})])]
+    return [f"cmd: {cmd}",
+            "deps:", *(f"  - {d}" for d in [*dict.fromkeys(reads), *source, *code_deps(stage.name)]),
+            "params:", *params,
+            *_outputs("outs", outs),
+            *_outputs("metrics", [(fill(stage.stats), {"cache": False})] if stage.metric else []),
+            *_outputs("plots", [(fill(f), {"cache": False, **options}) for f, options in stage.plots])]
 
 
 def _outputs(kind: str, entries: list[tuple[str, dict]]) -> list[str]:
@@ -141,13 +164,14 @@ def _outputs(kind: str, entries: list[tuple[str, dict]]) -> list[str]:
     lines = [f"{kind}:"]
     for path, options in entries:
         lines.append(f"  - {path}:")
-        lines += [f"      {k}: {_yaml_value(v)}" for k, v in options.items()]
+        lines += [f"      {k}: {_flow(v)}" for k, v in options.items()]
     return lines
 
 
-def _yaml_value(value: object) -> str:
-    """A scalar as YAML writes it (true, a plain word, or a quoted title)."""
-    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+def _flow(value: object) -> str:
+    """A value on one line, as YAML's flow style writes it."""
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1000)
+    return text.removesuffix("\n...\n").strip()  # a scalar ends its document with `...`
 
 
 def write(params_path: Path = ROOT / "params.yaml", dvc_yaml: Path = DVC_YAML) -> bool:

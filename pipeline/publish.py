@@ -17,7 +17,7 @@ from components.core.errors import BertflowError
 from components.core.io import read_json
 from components.core.params import load_params
 from components.model.metadata import read_task_model_info
-from pipeline.stages import metrics_file, target
+from pipeline.stages import metrics_file, start_name, target
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             encoder_version = done.version
             outcome[registry.ENCODER] = asdict(done)
         for task in tasks:
-            model_dir = target(p, root, f"finetune@{task}").out / "model"
+            first = p.finetune.init[0]  # the start whose task model is registered
+            model_dir = target(p, root, f"evaluate@{task}").start_folder(first) / "model"
             stats = _stats(metrics_file(p, root, f"evaluate@{task}"))
             if not stats or not (model_dir / "bertflow.json").exists():
                 log.info("registry: %s has no evaluated model yet, not registered", task)
@@ -80,7 +81,7 @@ def publish(params_path: Path, tasks: list[str], parent_run_id: str | None = Non
             exported = read_task_model_info(model_dir).fit
             metric = stats["fits"][exported][stats["metric"]]
             init = exported.rsplit("-s", 1)[0]  # the arm the exported fit belongs to
-            tags = {**code, **_dvc_tags(params_path, f"finetune@{task}", f"evaluate@{task}"),
+            tags = {**code, **_dvc_tags(params_path, start_name(task, first), f"evaluate@{task}"),
                     "bertflow.task": task, "bertflow.kind": stats["kind"], "bertflow.fit": exported,
                     "bertflow.encoder_version": str(encoder_version or "none"),
                     "bertflow.metric_mean": f"{stats['primary'][init]['mean']:.6f}"}

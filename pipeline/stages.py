@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.core.config import Params, TaskSettings
+from components.core.config import FinetuneConfig, Params
 from components.core.errors import BertflowError
 from components.core.params import load_params
 
@@ -39,25 +39,38 @@ def lookup(data: dict, dotted: str) -> Any:
     return data
 
 
-def resolve(template: str, p: Params, task: str = "") -> str:
-    """A path template of the table (`${paths.models}/adapted/{task}`, dvc.yaml's own syntax for
-    the params) with `p`'s values and the task."""
+def resolve(template: str, p: Params, task: str = "", start: str = "") -> str:
+    """A path template of the table (`${paths.models}/tasks/{task}/{start}`, dvc.yaml's own
+    syntax for the params) with `p`'s values, the task and the start."""
     values = p.model_dump(mode="json")
-    return _VAR.sub(lambda m: str(lookup(values, m[1])), template.replace("{task}", task))
+    template = template.replace("{task}", task).replace("{start}", start)
+    return _VAR.sub(lambda m: str(lookup(values, m[1])), template)
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where a stage runs: the params, the project root, the task ('' if none) and the stage."""
+    """Where a stage runs: the params, the project root, the stage, its task and start ('' if
+    none)."""
 
     p: Params
     root: Path
-    task: str
     stage: str
+    task: str = ""
+    start: str = ""
 
     def folder(self, stage: str) -> Path:
-        """The folder stage `stage` writes (for this target's task)."""
-        return self.root / resolve(STAGES[stage].writes, self.p, self.task)
+        """The folder stage `stage` writes (for this target's task and start)."""
+        return self.path(STAGES[stage].writes)
+
+    def start_folder(self, start: str) -> Path:
+        """The folder of the fits of the task's start `start`."""
+        return self.root / resolve(STAGES[start_stage(start)].writes, self.p, self.task, start)
+
+    @property
+    def name(self) -> str:
+        """The stage's name: `finetune@trec-6-scratch`."""
+        item = "-".join(filter(None, (self.task, self.start)))
+        return f"{self.stage}@{item}" if item else self.stage
 
     @property
     def out(self) -> Path:
@@ -66,7 +79,7 @@ class Target:
 
     def path(self, template: str) -> Path:
         """A path template of the table, resolved under the root."""
-        return self.root / resolve(template, self.p, self.task)
+        return self.root / resolve(template, self.p, self.task, self.start)
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,11 @@ class Stage:
     writes) or path templates. DVC deps, in this order."""
     per_task: bool = False
     """One stage per task of finetune.tasks (a dvc.yaml `foreach`), named `stage@task`."""
+    starts: tuple[str, ...] = ()
+    """A stage per task and start: one for each of these starts that finetune.init names, named
+    `stage@task-start` (a `foreach` over dvc.yaml's `fits`); `{start}` in its paths."""
+    used: Callable[[Params], bool] = field(default=lambda p: True)
+    """Whether the params run it at all (a start's own stages: only with that start)."""
     metric: bool = False
     """Its stats file is a DVC metric (`dvc metrics show`); every stats file is an output."""
     files: tuple[str, ...] = ()
@@ -101,10 +119,15 @@ class Stage:
     ranks by re-running the current command, which must be the stage, not the whole flow."""
 
     @property
+    def per_start(self) -> bool:
+        """Whether it runs once per task and start."""
+        return bool(self.starts)
+
+    @property
     def stats(self) -> str:
         """Its stats file (a path template): what it returns, kept in git."""
         where = "${paths.metrics}/tasks/{task}" if self.per_task else "${paths.metrics}"
-        return f"{where}/{self.name}_stats.json"
+        return f"{where}/{self.name}{'-{start}' if self.per_start else ''}_stats.json"
 
 
 def _ingest(p: Params, at: Target, run: MlflowRun | None) -> dict:
@@ -170,9 +193,8 @@ def _task_data(p: Params, at: Target, run: MlflowRun | None) -> dict:
 def _adapt(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.adapt import adapt_task
 
-    stats = adapt_task(p.adapt, "adapted" in p.finetune.init, p.finetune.tasks[at.task], p.model, p.pretrain,
-                       at.folder("task_data"), at.folder("pretrain"), at.out,
-                       at.root / p.paths.models / "adapt-snapshots" / at.task,
+    stats = adapt_task(p.adapt, True, p.finetune.tasks[at.task], p.model, p.pretrain, at.folder("task_data"),
+                       at.folder("pretrain"), at.out, at.root / p.paths.models / "adapt-snapshots" / at.task,
                        mlflow_run=(run.uri, run.run_id) if run else None)
     stats.pop("history", None)  # in the adapted encoder's bertflow.json and the MLflow curves
     return stats
@@ -181,63 +203,77 @@ def _adapt(p: Params, at: Target, run: MlflowRun | None) -> dict:
 def _teacher(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.teacher import fit_teacher
 
-    stats = fit_teacher(at.task, p.finetune.tasks[at.task], p.finetune, p.distill,
-                        "distilled" in p.finetune.init, at.root, at.root / p.paths.packages,
-                        at.folder("task_data"), at.out)
-    if run is not None and stats["teacher"]:
+    stats = fit_teacher(at.task, p.finetune.tasks[at.task], p.finetune, p.distill, at.root,
+                        at.root / p.paths.packages, at.folder("task_data"), at.out)
+    if run is not None:
         run.log_artifact(at.out / "model", "model")
+        _log_search(p, at, run, stats)
     return stats
 
 
 def _transfer_set(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.transfer_set import build_transfer
 
-    return build_transfer(at.task, p.finetune.tasks[at.task], p.finetune, p.distill,
-                          "distilled" in p.finetune.init, at.folder("task_data"), at.folder("pretrain"),
-                          at.folder("teacher"), at.out, at.folder("clean"))
+    return build_transfer(at.task, p.finetune.tasks[at.task], p.finetune, p.distill, True,
+                          at.folder("task_data"), at.folder("pretrain"), at.folder("teacher"), at.out,
+                          at.folder("clean"))
+
+
+# The stage whose folder holds the weights a start begins from (scratch: the encoder's shape and
+# tokenizer), and the one that writes the start's fits.
+START_WEIGHTS = {"pretrained": "pretrain", "scratch": "pretrain", "checkpoint": "checkpoint",
+                 "adapted": "adapt"}
+
+
+def start_stage(start: str) -> str:
+    """The stage that trains the fits of start `start`."""
+    return "distill" if start == "distilled" else "finetune"
+
+
+def start_name(task: str, start: str) -> str:
+    """The name of the stage that trains the fits of a task's start: `finetune@trec-6-scratch`."""
+    return f"distill@{task}" if start == "distilled" else f"finetune@{task}-{start}"
 
 
 def _finetune(p: Params, at: Target, run: MlflowRun | None) -> dict:
-    from components.training.finetune import finetune_task
-    from components.training.student import student_encoder
+    from components.training.finetune import finetune_start
 
-    with student_encoder(p.distill, "distilled" in p.finetune.init, at.root,
-                         at.root / p.paths.packages) as student:
-        stats = finetune_task(at.task, p.finetune.tasks[at.task], p.finetune, at.folder("task_data"),
-                              at.folder("pretrain"), at.out, at.folder("checkpoint"), at.folder("adapt"),
-                              p.distill, at.folder("transfer_set"), student,
-                              reuse_from=_fits_to_take(p, at))
+    weights = at.folder(START_WEIGHTS[at.start]) if at.start in ("checkpoint", "adapted") else None
+    stats = finetune_start(at.task, p.finetune.tasks[at.task], p.finetune, init=at.start,
+                           task_dir=at.folder("task_data"), encoder_dir=at.folder("pretrain"), out_dir=at.out,
+                           weights_dir=weights)
     if run is not None:
         run.log_artifact(at.out / "model", "model")
-        _log_search(p, at.root, run, at.task, stats)
+        _log_search(p, at, run, stats)
     return stats
 
 
-def _fits_to_take(p: Params, at: Target) -> list[Path]:
-    """Where the task's finetune stage looks for fits under their keys (training/finetune.py):
-    its own last output, so a changed start (a new student) is the only one trained again; and in
-    a preset (another params file than the project's params.yaml), the default run's too."""
-    default = at.root / "params.yaml"
-    others = [load_params(default).paths.models] if default.is_file() else []
-    return [at.root / m / "tasks" / at.task for m in dict.fromkeys([p.paths.models, *others])]
+def _distill(p: Params, at: Target, run: MlflowRun | None) -> dict:
+    from components.training.finetune import distill_student
+    from components.training.student import student_encoder
+
+    with student_encoder(p.distill, at.root, at.root / p.paths.packages) as student:
+        stats = distill_student(at.task, p.finetune.tasks[at.task], p.finetune, p.distill,
+                                task_dir=at.folder("task_data"), encoder_dir=at.folder("pretrain"),
+                                transfer_dir=at.folder("transfer_set"), out_dir=at.out, student_dir=student)
+    if run is not None:
+        run.log_artifact(at.out / "model", "model")
+        _log_search(p, at, run, stats)
+    return stats
 
 
-def _log_search(p: Params, root: Path, run: MlflowRun, task: str, stats: dict) -> None:
-    """Each trial of the learning-rate search as a child run of the stage's MLflow run (a
-    retry of the stage reopens the same children); an init whose fits were taken from another
-    run has its trials there."""
+def _log_search(p: Params, at: Target, run: MlflowRun, stats: dict) -> None:
+    """Each trial of the start's learning-rate search as a child run of the stage's MLflow run
+    (a retry of the stage reopens the same children)."""
     from components.core.tracking import mlflow_run
 
-    taken = stats["this_run"].get("taken", "").split(",")
-    for init, search in stats.get("search", {}).items():
-        if init in taken:
-            continue
-        for lr, trial in search["trials"].items():
-            with mlflow_run(p.tracking, root, f"finetune@{task} {init} lr={lr}", parent_run_id=run.run_id,
-                            key=f"{run.run_id}/{init}/{lr}") as child:
-                child.log_params({"init": init, "seed": p.finetune.seeds[0], "lr": lr})
-                child.log_metrics({**trial, "minutes": stats["this_run"][f"search.{init}.{lr}.minutes"]})
-                child.set_tags({"bertflow.lr_chosen": lr == f"{search['lr']:g}"})
+    search = stats.get("search")
+    for lr, trial in (search["trials"].items() if search else ()):
+        with mlflow_run(p.tracking, at.root, f"{at.name} lr={lr}", parent_run_id=run.run_id,
+                        key=f"{run.run_id}/{lr}") as child:
+            child.log_params({"seed": p.finetune.seeds[0], "lr": lr})
+            child.log_metrics({**trial, "minutes": stats["this_run"][f"search.{lr}.minutes"]})
+            child.set_tags({"bertflow.lr_chosen": lr == f"{search['lr']:g}"})
 
 
 EVALUATIONS = "${paths.metrics}/tasks"  # evaluate's figures and plots, a folder per task
@@ -248,7 +284,8 @@ def _evaluate(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.evaluation.evaluate import evaluate_task
 
     return evaluate_task(at.task, p.finetune.tasks[at.task], p.evaluate, at.folder("task_data"),
-                         at.folder("finetune"), at.path(TASK_METRICS))
+                         {start: at.start_folder(start) for start in p.finetune.init}, at.folder("pretrain"),
+                         at.path(TASK_METRICS))
 
 
 TRANSFER = "${paths.metrics}/transfer"  # .md and .json: what pretraining bought, per task
@@ -263,15 +300,19 @@ def _transfer(p: Params, at: Target, run: MlflowRun | None) -> dict:
                            p.distill.teacher)
 
 
-FINETUNE_PARAMS = tuple(f"finetune.{k}" for k in (
-    "task_defaults", "seeds", "init", "batch_size", "weight_decay", "min_steps", "evals_per_epoch",
-    "train_last_k", "label_subwords", "crf", "span_threshold", "onnx", "precision", "grad_clip",
-    "deterministic", "workers"))
+def _task_keys(*keys: str) -> tuple[str, ...]:
+    """A task's params: its own entry, and the keys of finetune.task_defaults that the stage reads."""
+    return ("finetune.tasks.{task}", *(f"finetune.task_defaults.{k}" for k in keys))
 
-TEACHER_PARAMS = (*(p for p in FINETUNE_PARAMS
-                    if p not in ("finetune.task_defaults", "finetune.seeds", "finetune.onnx")),
-                  *(f"finetune.task_defaults.{k}" for k in TaskSettings.model_fields if k != "lr"))
-STATS = {"cache": False}  # small files git keeps: DVC records them, does not cache them
+
+# What reaches a fit: the task's protocol, and every finetune setting but the task list and starts.
+FIT_TASK_KEYS = ("max_seq_len", "long_text", "chunk_overlap", "epochs", "patience", "max_span_words",
+                 "span_decoding", "tag_decoding")
+FIT_PARAMS = tuple(f"finetune.{k}" for k in FinetuneConfig.model_fields
+                   if k not in ("tasks", "task_defaults", "init"))
+TEACHER_PARAMS = ("distill.teacher", "distill.teacher_seeds", *_task_keys(*FIT_TASK_KEYS, "teacher_lr"),
+                  *(k for k in FIT_PARAMS if k not in ("finetune.seeds", "finetune.onnx")))
+distilled: Callable[[Params], bool] = lambda p: "distilled" in p.finetune.init  # noqa: E731
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",), writes="${paths.raw}"),
@@ -280,8 +321,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     # folder of your own belongs under data/user (`dvc add` it): DVC then sees its edits.
     Stage("checkpoint", _checkpoint, ("pretrain.init_from",), writes="${paths.checkpoint}"),
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position", "pretrain.init_from"),
-          writes="${paths.tokenizer}", reads=("clean", "checkpoint"),
-          artifacts=lambda at: [at.out]),
+          writes="${paths.tokenizer}", reads=("clean", "checkpoint"), artifacts=lambda at: [at.out]),
     Stage("pairs", _pairs, ("pairs",), writes="${paths.pairs}", reads=("clean", "tokenizer")),
     Stage("pretrain", _pretrain, ("model", "pretrain"), writes="${paths.models}/encoder",
           reads=("pairs", "tokenizer", "checkpoint"), metric=True, own_process=True,
@@ -289,32 +329,37 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
                                             "title": "Held-out MLM accuracy by training tokens"}),
                  (f"{PRETRAIN_CURVE}.png", {})),
           artifacts=lambda at: [at.path(f"{PRETRAIN_CURVE}.png")]),
-    Stage("task_data", _task_data, ("finetune.tasks.{task}", "finetune.task_defaults"),
+    Stage("task_data", _task_data, _task_keys("columns", "labels", "scheme", "split", "split_seed",
+                                              "max_train_examples", "max_span_words"),
           writes="${paths.tasks}/{task}", per_task=True),
-    # The `adapted` start: the encoder continued on the task's own text (an empty record when
-    # finetune.init lacks `adapted`).
-    Stage("adapt", _adapt, ("adapt", "finetune.init", "finetune.tasks.{task}", "finetune.task_defaults",
-                            "model", "pretrain"),
-          writes="${paths.models}/adapted/{task}", reads=("task_data", "pretrain"), per_task=True),
-    # The `distilled` start (finetune.init has it; else each writes an empty record): the task's
-    # teacher, a checkpoint fine-tuned on it, then the transfer set it labels with soft targets.
-    # The student's own settings (seeds, rates, temperature) rerun no teacher.
-    Stage("teacher", _teacher, ("distill.teacher", "distill.teacher_seeds", "finetune.tasks.{task}",
-                                *TEACHER_PARAMS),
-          writes="${paths.models}/teachers/{task}", reads=("task_data",), per_task=True),
+    # The `adapted` start: the encoder continued on the task's own text.
+    Stage("adapt", _adapt, ("adapt", "finetune.tasks.{task}", "model", "pretrain"),
+          writes="${paths.models}/adapted/{task}", reads=("task_data", "pretrain"), per_task=True,
+          used=lambda p: "adapted" in p.finetune.init),
+    # The `distilled` start: the task's teacher, a checkpoint fine-tuned on it; the transfer set
+    # it labels with soft targets; the student trained on them. The student's own settings (seeds,
+    # rates, temperature) rerun no teacher.
+    Stage("teacher", _teacher, TEACHER_PARAMS, writes="${paths.models}/teachers/{task}", reads=("task_data",),
+          per_task=True, used=distilled),
     Stage("transfer_set", _transfer_set,
           ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k", "distill.corpus_rows",
-           "distill.seed", "finetune.init", "finetune.tasks.{task}", "finetune.task_defaults",
+           "distill.seed", *_task_keys("max_seq_len", "long_text", "chunk_overlap", "max_span_words",
+                                       "transfer_corpus", "transfer_pairs", "pair_link"),
            "finetune.batch_size"),
           writes="${paths.models}/transfer-set/{task}", reads=("task_data", "clean", "pretrain", "teacher"),
-          per_task=True),
-    Stage("finetune", _finetune, ("finetune.tasks.{task}", *FINETUNE_PARAMS, "distill.temperature",
-                                  "distill.alpha", "distill.student_layers", "distill.teacher"),
-          writes="${paths.models}/tasks/{task}",
-          reads=("task_data", "pretrain", "adapt", "transfer_set", "checkpoint"), per_task=True),
-    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "finetune.task_defaults", "evaluate"),
-          reads=("task_data", "finetune"),
-          per_task=True,
+          per_task=True, used=distilled),
+    # The fits of each start: a stage per task and start, so a new or changed start trains only
+    # its own fits.
+    Stage("finetune", _finetune, (*_task_keys(*FIT_TASK_KEYS, "lr"), *FIT_PARAMS),
+          writes="${paths.models}/tasks/{task}/{start}", reads=("task_data", "pretrain", "{weights}"),
+          per_task=True, starts=tuple(START_WEIGHTS)),
+    Stage("distill", _distill, (*_task_keys(*FIT_TASK_KEYS, "lr", "teacher_lr"), *FIT_PARAMS,
+                                "distill.temperature", "distill.alpha", "distill.student_layers",
+                                "distill.teacher"),
+          writes="${paths.models}/tasks/{task}/distilled", reads=("task_data", "pretrain", "transfer_set"),
+          per_task=True, used=distilled),
+    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "finetune.init", "evaluate"),
+          reads=("task_data", "pretrain", "{starts}"), per_task=True,
           plots=((f"{TASK_METRICS}/curves.csv", {"x": "step", "y": "val_metric", "template": "linear"}),
                  (f"{TASK_METRICS}/per_class.csv", {"x": "label", "y": "f1", "template": "bar_horizontal"}),
                  (f"{TASK_METRICS}/curves.png", {}), (f"{TASK_METRICS}/per_class.png", {})),
@@ -326,23 +371,31 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
 ]}
 
 
-def split_name(name: str) -> tuple[Stage, str]:
-    """`finetune@trec-6` -> (the finetune stage, "trec-6"); a stage without a task -> (stage, "")."""
-    base, _, task = name.partition("@")
+def split_name(name: str) -> tuple[Stage, str, str]:
+    """`finetune@trec-6-scratch` -> (the finetune stage, "trec-6", "scratch"); `evaluate@trec-6`
+    -> (the evaluate stage, "trec-6", ""); a stage without a task -> (stage, "", "")."""
+    base, _, item = name.partition("@")
     if base not in STAGES:
         raise BertflowError(f"unknown stage {base!r} (stages: {', '.join(STAGES)})")
     stage = STAGES[base]
-    if stage.per_task and not task:
-        raise BertflowError(f"stage {base} runs per task: name it {base}@TASK")
-    if task and not stage.per_task:
+    if stage.per_task and not item:
+        raise BertflowError(f"stage {base} runs per task{' and start' if stage.per_start else ''}: name it "
+                            f"{base}@TASK{'-START' if stage.per_start else ''}")
+    if item and not stage.per_task:
         raise BertflowError(f"stage {base} is not per task: name it {base}")
-    return stage, task
+    if not stage.per_start:
+        return stage, item, ""
+    task, _, start = item.rpartition("-")
+    if start not in stage.starts or not task:
+        raise BertflowError(f"stage {name}: name it {base}@TASK-START, START one of "
+                            f"{', '.join(stage.starts)}")
+    return stage, task, start
 
 
 def target(p: Params, root: Path, name: str) -> Target:
-    """Where stage `name` (`finetune@trec-6`) runs."""
-    stage, task = split_name(name)
-    return Target(p, root, task, stage.name)
+    """Where stage `name` (`finetune@trec-6-scratch`) runs."""
+    stage, task, start = split_name(name)
+    return Target(p, root, stage.name, task, start)
 
 
 def stage_params(stage: Stage, task: str) -> list[str]:
@@ -350,23 +403,51 @@ def stage_params(stage: Stage, task: str) -> list[str]:
     return [key.format(task=task) for key in stage.params]
 
 
-def plan(p: Params, until: str | None = None) -> list[str]:
-    """Stage names in run order (a per-task stage once per task), up to and including every
-    stage named `until`; for one task's stage (`finetune@trec-6`), only what that task needs."""
+def fit_items(p: Params) -> dict[str, dict[str, str]]:
+    """dvc.yaml's `fits`: each task and start of the finetune stage, with the folder holding the
+    start's weights (resolved: dvc.yaml's vars take no templates)."""
+    finetune = STAGES["finetune"]
+    return {f"{task}-{start}": {"task": task, "start": start,
+                                "weights": resolve(STAGES[START_WEIGHTS[start]].writes, p, task)}
+            for task in p.finetune.tasks for start in p.finetune.init if start in finetune.starts}
+
+
+def _instances(p: Params) -> list[tuple[str, str]]:
+    """(stage name, task) of every stage the params run, in run order."""
     names = []
     for stage in STAGES.values():
-        names += [f"{stage.name}@{t}" for t in p.finetune.tasks] if stage.per_task else [stage.name]
+        if not stage.used(p):
+            continue
+        if stage.per_start:
+            names += [(f"{stage.name}@{t}-{s}", t) for t in p.finetune.tasks for s in p.finetune.init
+                      if s in stage.starts]
+        elif stage.per_task:
+            names += [(f"{stage.name}@{t}", t) for t in p.finetune.tasks]
+        else:
+            names.append((stage.name, ""))
+    return names
+
+
+def plan(p: Params, until: str | None = None) -> list[str]:
+    """Stage names in run order (a per-task stage once per task, the finetune stage once per
+    task and start), up to and including every stage named `until`; for one task's stage
+    (`finetune@trec-6`, `evaluate@trec-6`), only what that task needs."""
+    names = _instances(p)
     if until is None:
-        return names
-    stage, task = split_name(until) if "@" in until else (STAGES.get(until), "")
-    if stage is None:
+        return [n for n, _ in names]
+    base, _, item = until.partition("@")
+    if base not in STAGES:
         raise BertflowError(f"unknown stage {until!r} (stages: {', '.join(STAGES)})")
-    if task and task not in p.finetune.tasks:
+    task = item if item in p.finetune.tasks else split_name(until)[1] if item else ""
+    if item and task not in p.finetune.tasks:
         raise BertflowError(f"unknown task {task!r} (tasks: {', '.join(p.finetune.tasks)})")
     if task:
-        names = [n for n in names if n.partition("@")[2] in ("", task)]
-    last = max(i for i, n in enumerate(names) if n == until or n.partition("@")[0] == until)
-    return names[: last + 1]
+        names = [(n, t) for n, t in names if t in ("", task)]
+    hits = [i for i, (n, t) in enumerate(names) if n == until or n.partition("@")[0] == base]
+    if not hits:
+        raise BertflowError(f"stage {until}: the params run no such stage (stages: "
+                            f"{', '.join(dict.fromkeys(n.partition('@')[0] for n, _ in names))})")
+    return [n for n, _ in names[: max(hits) + 1]]
 
 
 def check_outputs_owned(p: Params, root: Path, names: list[str]) -> None:
@@ -375,17 +456,17 @@ def check_outputs_owned(p: Params, root: Path, names: list[str]) -> None:
     from components.core.guard import claim
 
     for name in names:
-        stage, task = split_name(name)
+        stage, task, start = split_name(name)
         if stage.writes:
             key = _VAR.match(stage.writes)[1]  # the paths key its folder lies under
-            where = stage.writes.partition("}/")[2].replace("{task}", task)
-            claim(root / resolve(stage.writes, p, task), f"{key} ({where})" if where else key)
+            where = stage.writes.partition("}/")[2].replace("{task}", task).replace("{start}", start)
+            claim(root / resolve(stage.writes, p, task, start), f"{key} ({where})" if where else key)
 
 
 def metrics_file(p: Params, root: Path, name: str) -> Path:
     """Where a stage's stats go (a DVC output, kept in git)."""
-    stage, task = split_name(name)
-    return root / resolve(stage.stats, p, task)
+    stage, task, start = split_name(name)
+    return root / resolve(stage.stats, p, task, start)
 
 
 def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None, status: str,
@@ -437,18 +518,18 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
     """
     from components.core.io import write_json
 
-    stage, task = split_name(name)
+    stage, task, _ = split_name(name)
     params_path = Path(params_path).resolve()
     p = p or load_params(params_path)
     if distributed_rank() != 0:
-        return stage.call(p, Target(p, params_path.parent, task, stage.name), None)
+        return stage.call(p, target(p, params_path.parent, name), None)
     parent_run_id = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_key = run_key or os.environ.get(RUN_KEY_ENV) or None
     root, opened = _open_run(name, params_path, p, parent_run_id, "ran", run_key)
     with opened as run:
         run.log_params({key: lookup(p.model_dump(), key) for key in stage_params(stage, task)})
         start = time.perf_counter()
-        at = Target(p, root, task, stage.name)
+        at = target(p, root, name)
         stats = stage.call(p, at, run)
         # Facts of this execution (wall minutes, workers, a resume) go to MLflow only: the
         # metrics file is a DVC output, equal on every rerun with the same inputs.
@@ -473,7 +554,7 @@ def record_skipped(name: str, params_path: Path, parent_run_id: str | None) -> d
     stats of the outputs it keeps."""
     from components.core.io import read_json
 
-    stage, task = split_name(name)
+    stage, task, _ = split_name(name)
     params_path = Path(params_path).resolve()
     p = load_params(params_path)
     root, opened = _open_run(name, params_path, p, parent_run_id, "skipped")

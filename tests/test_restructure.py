@@ -74,7 +74,9 @@ def results(repo: Path) -> dict:
     data, models = repo / "data", repo / "data" / "models"
     trained = {"encoder": _content(models / "encoder" / "model.safetensors")}
     for task in TASKS:
-        model = next((models / "tasks" / task).glob("**/model/model.safetensors"))
+        model = next(m.parent for m in (models / "tasks" / task).glob("**/model/bertflow.json")
+                     if json.loads(m.read_text())["fit"] == "pretrained-s1")  # the registered one
+        model = model / "model.safetensors"
         stats = json.loads((repo / "metrics" / "tasks" / task / "evaluate_stats.json").read_text())
         trained[task] = {"fits": _fits(repo, task), "model": _content(model),
                          "scores": hashlib.sha256(json.dumps(stats.get("primary"), sort_keys=True)

@@ -1,4 +1,4 @@
-"""Stage `evaluate@task`: score every fit of a task on its test split, the task's baseline
+"""Stage `evaluate@task`: score every fit of a task (each start's) on its test split, the task's baseline
 (TF-IDF + LR for texts, the most frequent tag for token tasks), a warning when the exported arm
 ends below it, and plots (validation curves of all fits; confusion and per-class F1 of the
 exported fit)."""
@@ -17,7 +17,7 @@ from components.evaluation.baseline import MOST_FREQUENT_TAG, TFIDF, most_freque
 from components.evaluation.metrics import classification_metrics, primary_metric, score_predictions
 from components.evaluation.plots import write_confusion, write_curves, write_per_class
 from components.evaluation.tables import summarize
-from components.model.metadata import INFO_FILE, read_task_model_info
+from components.model.metadata import INFO_FILE, read_encoder_info, read_task_model_info
 
 if TYPE_CHECKING:
     from components.core.config import EvaluateConfig, TaskConfig
@@ -37,33 +37,40 @@ def _texts(table: pa.Table, kind: str) -> list[str]:
     return table["text"].to_pylist()
 
 
-def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Path, model_dir: Path,
-                  out_dir: Path) -> dict:
-    """Score every fit of a task on its test split; the per-init summary over seeds, the
-    baseline, and plots (curves of all fits; confusion and per-class F1 of the exported fit)
-    into out_dir."""
+def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Path, starts: dict[str, Path],
+                  encoder_dir: Path, out_dir: Path) -> dict:
+    """Score every fit of a task on its test split: the fits of each start's folder (`starts`,
+    by start, the first's task model the exported one); the per-start summary over seeds, each
+    fit's steps and rate, the encoder's pretraining budget, the baseline, and plots (curves of
+    all fits; confusion and per-class F1 of the exported fit) into out_dir."""
     import pyarrow.parquet as pq
 
     meta = read_meta(task_dir)
     test = read_split(task_dir, "test")
-    fits_dir = Path(model_dir) / "fits"
-    names = sorted(p.stem for p in fits_dir.glob("*.parquet"))
-    if not names:
-        raise FileNotFoundError(f"{fits_dir}: no fine-tuning fits; run finetune@{name} first")
+    files = {p.stem: p for folder in starts.values() for p in (Path(folder) / "fits").glob("*.parquet")}
+    for init, folder in starts.items():
+        if not any(n.rsplit("-s", 1)[0] == init for n in files):
+            raise FileNotFoundError(f"{Path(folder) / 'fits'}: no fine-tuning fits of the {init} start; "
+                                    "run its stage first")
     scheme = meta.get("scheme", "")
     metric = primary_metric(task.kind, scheme)
-    fits, histories = {}, {}
-    for fit in names:
-        predictions = pq.read_table(fits_dir / f"{fit}.parquet")
+    fits, histories, records = {}, {}, {}
+    for fit in sorted(files):
+        predictions = pq.read_table(files[fit])
         fits[fit] = score_predictions(task.kind, meta["labels"], test, predictions, scheme)
-        histories[fit] = json.loads((fits_dir / f"{fit}.json").read_text())["history"]
+        records[fit] = json.loads(files[fit].with_suffix(".json").read_text())
+        histories[fit] = records[fit]["history"]
     by_init: dict[str, list[float]] = {}
     for fit, m in fits.items():
         by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(m[metric])
+    # The encoder's budget: the transfer table flags a pretraining a time guard cut short.
+    encoder = read_encoder_info(encoder_dir).stats
     stats = {"kind": task.kind, "metric": metric, "test_examples": test.num_rows,
              **({"scheme": scheme} if scheme else {}),
              "primary": {init: summarize(values) for init, values in sorted(by_init.items())},
-             "fits": {fit: _floats(m) for fit, m in fits.items()},
+             "fits": {fit: {**_floats(m), "steps": records[fit]["steps"], "lr": records[fit]["lr"]}
+                      for fit, m in fits.items()},
+             "encoder": {k: encoder[k] for k in ("steps", "max_steps", "stopped_by") if k in encoder},
              "baseline": None}
     train = read_split(task_dir, "train")
     if cfg.tfidf_baseline and task.kind in ("classification", "pair"):
@@ -76,8 +83,8 @@ def evaluate_task(name: str, task: TaskConfig, cfg: EvaluateConfig, task_dir: Pa
                                  test["tokens"].to_pylist())
         found = score_predictions(task.kind, meta["labels"], test, pa.table({"pred_tags": tags}), scheme)
         stats["baseline"] = {"name": MOST_FREQUENT_TAG, **_floats(found)}
-    exported = Path(model_dir) / "model"  # plots describe the exported fit
-    first = read_task_model_info(exported).fit if (exported / INFO_FILE).exists() else names[0]
+    exported = Path(next(iter(starts.values()))) / "model"  # plots describe the exported fit
+    first = read_task_model_info(exported).fit if (exported / INFO_FILE).exists() else min(files)
     arm, baseline = first.rsplit("-s", 1)[0], stats["baseline"]
     if baseline and metric in baseline and stats["primary"][arm]["mean"] < baseline[metric]:
         stats["warning"] = (f"the {arm} fits ({metric} {stats['primary'][arm]['mean']:.4f}) end below "

@@ -3,9 +3,7 @@ the steps each start cost, and several pipeline runs' tables side by side (Markd
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -115,13 +113,10 @@ def transfer_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, cells
 
 
-def fits_by_init(finetune_stats: Path) -> dict[str, list[dict]]:
-    """Each init's fits (named INIT-sSEED) in a task's finetune_stats.json; empty if the file
-    is not there."""
-    if not Path(finetune_stats).exists():
-        return {}
+def fits_by_init(fits: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each init's fits (named INIT-sSEED) of a task's evaluate stats (`fits`)."""
     by_init: dict[str, list[dict]] = {}
-    for fit, stats in json.loads(Path(finetune_stats).read_text())["fits"].items():
+    for fit, stats in fits.items():
         by_init.setdefault(fit.rsplit("-s", 1)[0], []).append(stats)
     return dict(sorted(by_init.items()))
 

@@ -25,7 +25,7 @@ def guard_warning(tasks_dir: Path, tasks: Sequence[str]) -> str:
     """A loud line when the encoder the tasks were fine-tuned from stopped on a time guard
     (pretrain.max_minutes) before pretrain.max_steps: such a table is not a reference."""
     for name in tasks:
-        path = Path(tasks_dir) / name / "finetune_stats.json"
+        path = Path(tasks_dir) / name / "evaluate_stats.json"
         encoder = json.loads(path.read_text()).get("encoder", {}) if path.exists() else {}
         if encoder.get("stopped_by") == "max_minutes":
             return (f"**Warning: pretraining was cut short by `pretrain.max_minutes` at step "
@@ -62,7 +62,7 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
         if not path.exists():
             raise FileNotFoundError(f"{path}: task {name} is not evaluated; run evaluate@{name} first")
         s = json.loads(path.read_text())
-        fits = fits_by_init(Path(tasks_dir) / name / "finetune_stats.json")
+        fits = fits_by_init(s["fits"])
         baseline = s.get("baseline")
         rows.append({"task": name, "kind": s["kind"], "metric": s["metric"],
                      "baseline": baseline[s["metric"]] if baseline else None,
@@ -104,7 +104,7 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
                  "mean ± std over seeds) until early stopping or the last epoch; pretraining, paid "
                  f"once for every task, is in pretrain_stats.json{adapt_cost}; a learning-rate "
                  "search adds, per start, a first-seed trial for every further rate "
-                 "(finetune_stats.json, `search`). Wall minutes are in each finetune run's MLflow "
+                 "(the start's stats, `search`). Wall minutes are in each finetune run's MLflow "
                  "metrics (`this_run.*`).\n\n"
                  + markdown(*cost))
     with atomic_file(md_path) as tmp:

@@ -1,6 +1,6 @@
 """The `distilled` start's student when it is not the pipeline's pretrained encoder: the layers
 `distill.student_layers` of the teacher's checkpoint (`distill.teacher`), renumbered, as
-DistilBERT started from every other layer of BERT. Built in a temporary folder by the finetune
+DistilBERT started from every other layer of BERT. Built in a temporary folder by the distill
 stage (MiniLM's cut takes seconds), so that choosing other layers reruns no teacher.
 """
 
@@ -16,11 +16,10 @@ from components.model.checkpoint import cut_checkpoint, import_checkpoint
 
 
 @contextmanager
-def student_encoder(distill: DistillConfig | None, wanted: bool, root: Path,
-                    packages_dir: Path) -> Iterator[Path | None]:
+def student_encoder(distill: DistillConfig, root: Path, packages_dir: Path) -> Iterator[Path | None]:
     """A folder holding the cut student while the context lasts; None when the student is the
-    pretrained encoder (no `distilled` start, or no student_layers)."""
-    if not (wanted and distill and distill.student_layers):
+    pretrained encoder (no student_layers)."""
+    if not distill.student_layers:
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="bertflow-student-") as work:

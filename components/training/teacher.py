@@ -1,12 +1,11 @@
 """Stage `teacher@task`: the teacher of the `distilled` start, `distill.teacher` (a public
 checkpoint, MiniLM by default) fine-tuned on the task by the task's own protocol (epochs,
-windows, decoding, early stopping) at the teacher's rates, the task's `teacher_lr` (several:
-searched on validation). The first seed's model is the teacher
-(`model/`, a task model like any other: served, exported, quantized the same way); every seed
-is scored on validation and test, which is the checkpoint's own row in the transfer table.
-Apart from `transfer_set@task` so that a new pretrained encoder, or new augmentation settings,
-relabel the transfer set without fitting the teacher again.
-Without `distilled` in finetune.init the stage writes an empty record, so DVC's graph stays fixed.
+windows, decoding, early stopping) at the teacher's rates (the task's `teacher_lr`, searched on
+validation when a list). The first seed's model is the teacher (`model/`, a task model like any
+other: served, exported, quantized the same way); every seed is scored on validation and test,
+which is the checkpoint's own row in the transfer table. Apart from `transfer_set@task` so that
+a new pretrained encoder, or new augmentation settings, relabel the transfer set without fitting
+the teacher again. The stage exists only with `distilled` in finetune.init.
 """
 
 from __future__ import annotations
@@ -20,37 +19,32 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
-from components.core.io import atomic_dir, write_json
 from components.data.tasks.folder import read_meta, read_split
 from components.evaluation.metrics import primary_metric, score_predictions
 from components.model.checkpoint import import_checkpoint
-from components.model.metadata import INFO_FILE
-from components.training.finetune import finetune_task
+from components.training.finetune import encoded_start, fit_start, open_start
 
 log = logging.getLogger(__name__)
 
 
-def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, wanted: bool,
-                root: Path, packages_dir: Path, task_dir: Path, out_dir: Path) -> dict:
-    """The task's teacher in `out_dir` (finetune's layout: `model/`, `fits/`), its scores per seed;
-    with `wanted` false (no `distilled` start), only an empty record."""
-    if not wanted:
-        with atomic_dir(out_dir) as tmp:
-            write_json(tmp / INFO_FILE, {"teacher": ""})
-        return {"teacher": ""}
-    teacher_task = task.model_copy(update={"lr": task.teacher_lr})
-    # The checkpoint arm of finetune_task: fits named checkpoint-sN, exported from the first seed.
-    teacher_cfg = cfg.model_copy(update={"init": ["checkpoint"], "seeds": list(distill.teacher_seeds),
-                                         "onnx": False})
+def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, root: Path,
+                packages_dir: Path, task_dir: Path, out_dir: Path) -> dict:
+    """The task's teacher in `out_dir` (a start's layout: `model/`, `fits/teacher-sN`), its
+    scores per seed."""
+    cfg = cfg.model_copy(update={"onnx": False})  # the teacher labels; it is not served in int8
     with tempfile.TemporaryDirectory(prefix="bertflow-teacher-") as work:
         checkpoint = Path(work) / "checkpoint"
         import_checkpoint(distill.teacher, root, packages_dir, checkpoint)
-        stats = finetune_task(name, teacher_task, teacher_cfg, task_dir, checkpoint, out_dir, checkpoint)
+        meta, encoder, tokenizer = open_start(name, task, task_dir, checkpoint)
+        splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
+        start = encoded_start("teacher", checkpoint, checkpoint, encoder.config, tokenizer, splits, task, cfg,
+                              meta)
+        stats = fit_start(name, task, cfg, start, meta, splits, task.teacher_lr, distill.teacher_seeds,
+                          out_dir)
     scores = _scores(task, task_dir, Path(out_dir) / "fits")
     test = [s["test"] for s in scores.values()]
     log.info("teacher@%s: %s, test %.4f (mean of %d seeds)", name, distill.teacher, np.mean(test), len(test))
-    return {"teacher": distill.teacher, **{k: v for k, v in stats.items() if k != "encoder"},
-            "scores": scores, "test_mean": float(np.mean(test)),
+    return {"teacher": distill.teacher, **stats, "scores": scores, "test_mean": float(np.mean(test)),
             "test_std": float(np.std(test, ddof=1)) if len(test) > 1 else 0.0}
 
 
