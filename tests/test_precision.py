@@ -29,7 +29,8 @@ class _Regression(L.LightningModule):
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def configure_optimizers(self):
-        return adamw(self.parameters(), lr=1e-3, weight_decay=0.01)
+        return adamw(self.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8,
+                     warmup=1, total=5)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         if self.lightning_clips:

@@ -71,9 +71,10 @@ def write_task_pairs(task_dir: Path, kind: str, encoder_dir: Path, max_seq_len: 
 
 def adapt_config(cfg: AdaptConfig, pretrain_cfg: PretrainConfig) -> PretrainConfig:
     """The pretrain settings of the continued run: the pretrain stage's masking and optimiser,
-    adapt's budget and rate, no curriculum (the encoder already reads context)."""
+    adapt's budget, rate and warmup, no curriculum (the encoder already reads context)."""
     return pretrain_cfg.model_copy(update=dict(
-        init_from=START, head_warmup_steps=0, max_steps=cfg.steps, lr=cfg.lr, warmup_steps=cfg.steps // 10,
+        init_from=START, head_warmup_steps=0, max_steps=cfg.steps, lr=cfg.lr,
+        warmup_steps=int(cfg.steps * cfg.warmup_share),
         batch_size=cfg.batch_size, accumulate=1, short_seq_steps=0, max_minutes=0.0,
         val_every_steps=max(1, cfg.steps // 4), snapshot_every_steps=max(1, cfg.steps // 4)))
 

@@ -1,5 +1,6 @@
-"""What pretraining and fine-tuning share: AdamW with BERT's weight-decay groups, the linear
-warmup/decay schedule, and the precision each device should train in."""
+"""What pretraining and fine-tuning share: the optimizer (AdamW with BERT's weight-decay groups,
+on the linear warmup/decay schedule), gradient clipping, and the precision each device should
+train in."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ from collections.abc import Callable, Iterable
 import torch
 
 
-def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
-          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-          fused: bool = True) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and LayerNorm parameters (the 1-d ones), as BERT.
-    `fused`: torch's one-kernel update (CPU and CUDA) rather than its CPU default, a loop over
-    the parameters that took a tenth of a fine-tuning step (benchmarks/RESULTS.md, "Optimizer
-    step"); False is that loop, for the benchmark."""
-    return torch.optim.AdamW(decay_groups(params, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused)
+def adamw(params: Iterable[torch.nn.Parameter], *, lr: float, weight_decay: float,
+          betas: tuple[float, float], eps: float, warmup: int, total: int) -> dict:
+    """The one optimizer of pretraining, adaptation and fine-tuning, as a LightningModule's
+    configure_optimizers returns it: AdamW without weight decay on biases and LayerNorm (the
+    1-d parameters), as BERT, its rate along linear_schedule (`warmup` steps up to `lr`, then
+    down to zero at `total`), stepped per optimiser step.
+
+    torch's fused update (one kernel, CPU and CUDA) rather than its CPU default, a loop over the
+    parameters that took a tenth of a fine-tuning step (benchmarks/RESULTS.md, "Optimizer step").
+    """
+    optimizer = torch.optim.AdamW(decay_groups(params, weight_decay), lr=lr, betas=betas, eps=eps,
+                                  fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(warmup, total))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def clip_grad_norm(module, optimizer: torch.optim.Optimizer, max_norm: float | None) -> None:
@@ -56,13 +63,6 @@ def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
             return (step + 1) / warmup
         return max(0.0, (total - step) / max(1, total - warmup))
     return factor
-
-
-def optimizer_config(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> dict:
-    """What a LightningModule's configure_optimizers returns: the optimizer, stepped per step
-    along linear_schedule."""
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(warmup, total))
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def has_amx() -> bool:

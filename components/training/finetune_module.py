@@ -23,10 +23,10 @@ from components.model.decoding import SPAN_INPUTS, predict, predictions_table, w
 from components.model.folders import load_pretraining_model
 from components.model.inputs import Encoded
 from components.model.modern import PredictionHead
-from components.training.common import adamw, clip_grad_norm, optimizer_config
+from components.training.common import adamw, clip_grad_norm
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FitSpec:
     """One fit of a task: which init, which seed, and the task's settings."""
 
@@ -186,10 +186,10 @@ class FinetuneModule(L.LightningModule):
                              "val_metric": metric, "train_loss": loss})
 
     def configure_optimizers(self):
-        total = self.steps * self.spec.epochs
-        optimizer = adamw((p for p in self.model.parameters() if p.requires_grad), self.spec.lr,
-                          self.cfg.weight_decay)
-        return optimizer_config(optimizer, max(1, total // 10), total)
+        cfg, total = self.cfg, self.steps * self.spec.epochs
+        return adamw((p for p in self.model.parameters() if p.requires_grad), lr=self.spec.lr,
+                     weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                     warmup=max(1, int(total * cfg.warmup_share)), total=total)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         clip_grad_norm(self, optimizer, gradient_clip_val)

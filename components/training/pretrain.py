@@ -14,9 +14,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,7 +33,7 @@ from components.model.electra import ElectraForPretraining, generator_config
 from components.model.folders import write_encoder
 from components.model.masking import Masker
 from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoint_info
-from components.training.common import decay_groups, resolve_precision
+from components.training.common import resolve_precision
 from components.training.pretrain_data import masking_spec, most_frequent_baseline
 from components.training.pretrain_module import PairsData, PretrainModule
 from components.training.snapshot_io import AtomicCheckpointIO
@@ -148,7 +146,7 @@ def pretrain(*, model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokeni
     resume = checked_snapshot(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     network, fresh = start_network(bert, cfg, checkpoint, checkpoint_dir)
-    module = PretrainModule(network, cfg, partial(optimizer, cfg=cfg), tuple(fresh))
+    module = PretrainModule(network, cfg, tuple(fresh))
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
     masker = Masker(spec)
     if cfg.embedding_init == "corpus_svd" and not checkpoint.init_from and resume is None:
@@ -194,12 +192,6 @@ def start_network(bert: BertConfig, cfg: PretrainConfig, checkpoint: CheckpointI
         network = ElectraForPretraining(network, generator_config(bert, cfg.generator_fraction),
                                         cfg.rtd_weight)
     return network, fresh
-
-
-def optimizer(params: Iterable[torch.nn.Parameter], cfg: PretrainConfig) -> torch.optim.AdamW:
-    """AdamW at pretrain.lr, no weight decay on biases and LayerNorm (the 1-d parameters)."""
-    return torch.optim.AdamW(decay_groups(params, cfg.weight_decay), lr=cfg.lr,
-                             betas=(cfg.beta1, cfg.beta2), eps=1e-6, fused=True)
 
 
 def corpus_embeddings(encoder: torch.nn.Module, bert: BertConfig, pairs_dir: Path,

@@ -1,5 +1,5 @@
-"""Pretraining in Lightning: the module (MLM or RTD + NSP (+ SBO) steps, held-out evaluation, the
-optimizer it is given with warmup and decay) and the data module that streams the pairs shards.
+"""Pretraining in Lightning: the module (MLM or RTD + NSP (+ SBO) steps, held-out evaluation,
+pretrain's AdamW with warmup and decay) and the data module that streams the pairs shards.
 
 Everything about a step is a pure function of (seed, rank, step): its batch (pretrain_data.py)
 and its dropout masks (reseeded here at every step), so a run resumed from a snapshot follows
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import lightning as L
@@ -21,7 +20,7 @@ from components.core.config import PretrainConfig
 from components.core.seeds import mix
 from components.model.masking import Masker
 from components.model.pretraining import BertForPretraining
-from components.training.common import clip_grad_norm, optimizer_config
+from components.training.common import adamw, clip_grad_norm
 from components.training.pretrain_data import PairBatches
 
 
@@ -29,11 +28,9 @@ class PretrainModule(L.LightningModule):
     """MLM + NSP (+ SBO) training step, held-out evaluation, AdamW with warmup/decay; with a
     checkpoint's model whose heads `fresh` are new, the encoder can wait while they warm up."""
 
-    def __init__(self, model: BertForPretraining, cfg: PretrainConfig,
-                 optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
-                 fresh: tuple[str, ...] = ()):
+    def __init__(self, model: BertForPretraining, cfg: PretrainConfig, fresh: tuple[str, ...] = ()):
         super().__init__()
-        self.model, self.cfg, self.make_optimizer, self.fresh = model, cfg, optimizer, fresh
+        self.model, self.cfg, self.fresh = model, cfg, fresh
         self._val: dict[str, float] = {}
         self._tick: tuple[float, int] | None = None
         self.tokens_seen = 0
@@ -139,8 +136,9 @@ class PretrainModule(L.LightningModule):
             self.train()
 
     def configure_optimizers(self):
-        return optimizer_config(self.make_optimizer(self.model.parameters()), self.cfg.warmup_steps,
-                                self.cfg.max_steps)
+        cfg = self.cfg
+        return adamw(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                     betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, warmup=cfg.warmup_steps, total=cfg.max_steps)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         clip_grad_norm(self, optimizer, gradient_clip_val)
