@@ -115,6 +115,19 @@ def source_config(name: str, **changes):
                                         **changes})
 
 
+def encoder_config(vocab_size: int, arch: str = "classic", **changes):
+    """An encoder's BertConfig as the pretrain stage exports it from params.yaml (model.arch
+    `arch`, the fine-tuning dropout), with the test's shape and settings `changes`."""
+    from dataclasses import replace
+
+    from components.core.config import ModelConfig, PretrainConfig
+    from components.training.pretrain import bert_config
+
+    model = section(ModelConfig, arch=arch)
+    bert = bert_config(model, vocab_size, section(PretrainConfig))
+    return replace(bert, **{"dropout": model.dropout, **changes})
+
+
 def write_params(folder: Path, data: dict) -> Path:
     """Write a params file into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -261,12 +274,11 @@ def tiny_encoder(stages_dir, tmp_path_factory):
     check the mechanics; what pretraining buys is measured by the pipeline)."""
     from components.data.tokenizer import load
     from components.model.build import build_model
-    from components.model.config import BertConfig
     from components.model.folders import write_encoder
     from components.model.metadata import EncoderInfo
 
     vocab = load(stages_dir / "tokenizer").get_vocab_size()
-    cfg = BertConfig(vocab_size=vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
+    cfg = encoder_config(vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
     out = tmp_path_factory.mktemp("encoder") / "encoder"
     write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
     return out
@@ -277,13 +289,12 @@ def tiny_modern_encoder(stages_dir, tmp_path_factory):
     """tiny_encoder's twin with ModernBERT's block (a local and a global layer, a window of 8)."""
     from components.data.tokenizer import load
     from components.model.build import build_model
-    from components.model.config import BertConfig
     from components.model.folders import write_encoder
     from components.model.metadata import EncoderInfo
 
     vocab = load(stages_dir / "tokenizer").get_vocab_size()
-    cfg = BertConfig(vocab_size=vocab, hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
-                     arch="modern", local_window=8, global_every=2, layer_norm_eps=1e-5)
+    cfg = encoder_config(vocab, "modern", hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
+                         local_window=8, global_every=2)
     out = tmp_path_factory.mktemp("modern-encoder") / "encoder"
     write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
     return out

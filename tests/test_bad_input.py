@@ -334,12 +334,12 @@ def test_a_full_disk_in_export_hf_leaves_no_half_export_and_a_rerun_writes_it(re
 def encoder(tiny_stages, tmp_path_factory) -> Path:
     from components.data.tokenizer import load
     from components.model.build import build_model
-    from components.model.config import BertConfig
     from components.model.folders import write_encoder
     from components.model.metadata import EncoderInfo
+    from tests.conftest import encoder_config
 
-    cfg = BertConfig(vocab_size=load(tiny_stages / "tokenizer").get_vocab_size(), hidden=32,
-                     layers=1, heads=2, intermediate=64, max_position=64)
+    cfg = encoder_config(load(tiny_stages / "tokenizer").get_vocab_size(), hidden=32,
+                         layers=1, heads=2, intermediate=64, max_position=64)
     out = tmp_path_factory.mktemp("encoder") / "encoder"
     write_encoder(build_model(cfg), EncoderInfo(cfg), tiny_stages / "tokenizer", out)
     return out

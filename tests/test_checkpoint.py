@@ -50,8 +50,7 @@ def test_minilm_in_our_encoder_gives_transformers_hidden_states(tmp_path):
     from transformers import BertModel
 
     from components.data.tokenizer import load
-    from components.model.checkpoint import import_checkpoint, load_checkpoint
-    from components.model.hf_layout import config_from_hf
+    from components.model.checkpoint import config_from_hf, import_checkpoint, load_checkpoint
     from components.model.packaged import source_dir
 
     info = import_checkpoint("all-minilm-l6-v2", tmp_path, PACKAGES, tmp_path / "ckpt")
@@ -78,8 +77,7 @@ def test_minilm_in_our_encoder_gives_transformers_hidden_states(tmp_path):
 def test_a_pretraining_checkpoint_brings_its_heads(tmp_path):
     from transformers import BertForPreTraining
 
-    from components.model.checkpoint import import_checkpoint, load_checkpoint
-    from components.model.hf_layout import config_from_hf
+    from components.model.checkpoint import config_from_hf, import_checkpoint, load_checkpoint
 
     source = _hf_checkpoint(tmp_path / "hf", head="BertForPreTraining")
     info = import_checkpoint(str(source), tmp_path, PACKAGES, tmp_path / "ckpt")

@@ -167,12 +167,12 @@ def test_attention_maps_are_the_ones_the_model_attends_with(encoder_dir, tmp_pat
 def test_an_electra_encoder_has_no_mlm_head_to_fill_a_mask_with(stages_dir, tmp_path):
     from components.data.tokenizer import load
     from components.model.build import build_model
-    from components.model.config import BertConfig
     from components.model.folders import write_encoder
     from components.model.metadata import EncoderInfo
+    from tests.conftest import encoder_config
 
-    cfg = BertConfig(vocab_size=load(stages_dir / "tokenizer").get_vocab_size(), hidden=32, layers=1,
-                     heads=2, intermediate=64, max_position=64, rtd=True)
+    cfg = encoder_config(load(stages_dir / "tokenizer").get_vocab_size(), hidden=32, layers=1,
+                         heads=2, intermediate=64, max_position=64, rtd=True)
     write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", tmp_path / "electra")
     proc = run_cli("bertflow", "fill-mask", "The capital of France is [MASK] .", "--model",
                    str(tmp_path / "electra"), cwd=tmp_path, check=False)

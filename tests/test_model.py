@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from components.model.build import build_model
 from components.model.config import IGNORE, BertConfig
-from components.model.hf_layout import hf_config, hf_state_dict, load_hf_state_dict
+from components.model.hf_layout import bert_hf_config, bert_state_dict, load_bert_state_dict
+from tests.conftest import encoder_config
 
-CFG = BertConfig(vocab_size=300, hidden=32, layers=2, heads=4, intermediate=64, dropout=0.0)
+CFG = encoder_config(300, hidden=32, layers=2, heads=4, intermediate=64, dropout=0.0)
 
 
 def _batch(B=3, T=16, seed=0):
@@ -58,9 +59,9 @@ def test_logits_equal_transformers_bert_for_pretraining():
 
     torch.manual_seed(0)
     ours = build_model(BertConfig(**{**CFG.__dict__, "dropout": 0.1})).eval()
-    config = {k: v for k, v in hf_config(ours.cfg).items() if k not in ("architectures", "model_type")}
+    config = {k: v for k, v in bert_hf_config(ours.cfg).items() if k not in ("architectures", "model_type")}
     hf = BertForPreTraining(HFConfig(**config)).eval()
-    missing, unexpected = hf.load_state_dict(hf_state_dict(ours), strict=False)
+    missing, unexpected = hf.load_state_dict(bert_state_dict(ours), strict=False)
     tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}  # shared, not stored
     assert unexpected == [] and set(missing) <= tied
     hf.tie_weights()
@@ -75,7 +76,7 @@ def test_logits_equal_transformers_bert_for_pretraining():
     assert (out["nsp_logits"] - ref.seq_relationship_logits).abs().max() <= 1e-4
     # And back: HF weights load into our model unchanged.
     again = build_model(ours.cfg)
-    load_hf_state_dict(again, hf_state_dict(ours))
+    load_bert_state_dict(again, bert_state_dict(ours))
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), again.state_dict().values(),
                                                 strict=True))
 
@@ -88,7 +89,7 @@ def test_decoder_is_tied_to_the_embeddings():
 def test_pre_norm_has_no_hf_layout_but_trains():
     model = build_model(BertConfig(**{**CFG.__dict__, "norm": "pre"}))
     with pytest.raises(ValueError, match="post-norm"):
-        hf_state_dict(model)
+        bert_state_dict(model)
     ids, types, labels = _batch()
     out = model(ids, types, torch.ones_like(ids, dtype=torch.bool), labels, torch.tensor([0, 1, 1]))
     out["loss"].backward()
@@ -111,7 +112,7 @@ def test_span_boundary_objective_adds_its_loss():
 
 def test_hidden_must_divide_into_heads():
     with pytest.raises(ValueError, match="not divisible"):
-        BertConfig(vocab_size=10, hidden=30, heads=4)
+        encoder_config(10, hidden=30, heads=4)
 
 
 def test_span_head_scores_each_span_from_its_start_end_pooled_subwords_and_width():

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from components.model.build import build_model
-from components.model.config import BertConfig
-from tests.conftest import PACKAGES, assert_maps_are_attended_with, section
+from tests.conftest import PACKAGES, assert_maps_are_attended_with, encoder_config, section
 
-CFG = BertConfig(vocab_size=120, hidden=32, layers=4, heads=2, intermediate=48, dropout=0.0, arch="modern",
-                 local_window=8, global_every=3, layer_norm_eps=1e-5, max_position=256)
+CFG = encoder_config(120, "modern", hidden=32, layers=4, heads=2, intermediate=48, dropout=0.0,
+                     local_window=8, global_every=3, max_position=256)
 
 
 def _ids(B: int = 2, T: int = 24, seed: int = 0) -> torch.Tensor:
@@ -25,11 +24,11 @@ def _ids(B: int = 2, T: int = 24, seed: int = 0) -> torch.Tensor:
 def _save_hf(model, folder) -> None:
     from safetensors.torch import save_file
 
-    from components.model.hf_layout import hf_config, hf_state_dict
+    from components.model.hf_modern import hf_modern_config, modern_state_dict
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(hf_state_dict(model), folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(hf_config(model.cfg)))
+    save_file(modern_state_dict(model), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_modern_config(model.cfg)))
 
 
 def test_transformers_loads_our_modern_encoder_natively_with_equal_logits(tmp_path):
@@ -58,8 +57,9 @@ def test_transformers_loads_our_modern_encoder_natively_with_equal_logits(tmp_pa
 def test_a_transformers_modern_bert_loads_into_ours_with_equal_logits(tmp_path):
     from transformers import ModernBertConfig, ModernBertForMaskedLM
 
+    from components.model.checkpoint import config_from_hf, normalize_hf_names
     from components.model.folders import read_weights
-    from components.model.hf_layout import config_from_hf, load_hf_state_dict, normalize_hf_names
+    from components.model.hf_modern import load_modern_state_dict
     from components.model.pretraining import BertForPretraining
 
     torch.manual_seed(1)
@@ -71,7 +71,8 @@ def test_a_transformers_modern_bert_loads_into_ours_with_equal_logits(tmp_path):
     cfg = config_from_hf(tmp_path / "hf" / "config.json")
     assert (cfg.arch, cfg.global_every, cfg.local_window, cfg.rope_base_global) == ("modern", 2, 8, 160_000.0)
     ours = BertForPretraining(cfg)
-    fresh = load_hf_state_dict(ours, normalize_hf_names(read_weights(tmp_path / "hf" / "model.safetensors")))
+    weights = normalize_hf_names(read_weights(tmp_path / "hf" / "model.safetensors"))
+    fresh = load_modern_state_dict(ours, weights)
     assert fresh == ["nsp", "pooler"]  # ModernBERT has neither
     ids = _ids(seed=2)
     with torch.no_grad():
@@ -97,9 +98,10 @@ def test_every_query_sees_something_under_padding_and_a_window():
 ])
 def test_a_modern_bert_this_encoder_is_not_is_refused_naming_the_key(tmp_path, change, message):
     from components.core.errors import DataError
-    from components.model.hf_layout import config_from_hf, hf_config
+    from components.model.checkpoint import config_from_hf
+    from components.model.hf_modern import hf_modern_config
 
-    (tmp_path / "config.json").write_text(json.dumps({**hf_config(CFG), **change}))
+    (tmp_path / "config.json").write_text(json.dumps({**hf_modern_config(CFG), **change}))
     with pytest.raises(DataError, match=message):
         config_from_hf(tmp_path / "config.json")
 

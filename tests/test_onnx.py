@@ -17,14 +17,13 @@ from components.core.config import FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError
 from components.lifecycle.backends import BACKEND_ENV
 from components.model.build import task_model
-from components.model.config import BertConfig
 from components.model.encoder import SelfAttention
 from components.model.onnx_model import CHECK, FP32, INT8, ONNX_DIR, OnnxHead, export_graph, onnx_file
-from tests.conftest import section, task_config
+from tests.conftest import encoder_config, section, task_config
 
-CLASSIC = BertConfig(vocab_size=120, hidden=32, layers=2, heads=2, intermediate=64, max_position=64)
-MODERN = BertConfig(vocab_size=120, hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
-                    arch="modern", local_window=8, global_every=2, layer_norm_eps=1e-5)
+CLASSIC = encoder_config(120, hidden=32, layers=2, heads=2, intermediate=64, max_position=64)
+MODERN = encoder_config(120, "modern", hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
+                        local_window=8, global_every=2)
 BIO = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
@@ -252,7 +251,7 @@ def test_a_missing_or_damaged_onnx_file_is_one_error_naming_it(onnx_model, tmp_p
 def test_a_graph_of_another_model_is_one_error_naming_it(onnx_model, tmp_path, kind, message):
     from components.lifecycle.inference import load_task_model, predict_rows
 
-    small = BertConfig(vocab_size=6, hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
+    small = encoder_config(6, hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
     other = task_model(small, kind, ["NULL", "PER"] if kind == "span" else ["negative", "positive"],
                        max_span_words=2).eval()
     model_dir = _broken(onnx_model, tmp_path, lambda d: export_graph(other, kind, 32, d / FP32))

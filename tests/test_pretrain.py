@@ -205,14 +205,14 @@ def _check_export(project: Path) -> None:
 
     from components.model.build import build_model
     from components.model.config import BertConfig
-    from components.model.hf_layout import load_hf_state_dict
+    from components.model.hf_layout import load_bert_state_dict
 
     export = project / "data" / "models" / "encoder"
     assert {p.suffix for p in export.iterdir() if p.name != OWNED} <= {".safetensors", ".json", ".txt"}
     hf, info = BertForPreTraining.from_pretrained(export, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     ours = build_model(BertConfig(**json.loads((export / "bertflow.json").read_text())["config"]))
-    load_hf_state_dict(ours, _weights(export))
+    load_bert_state_dict(ours, _weights(export))
     ours.eval()
     hf.eval()
     ids = torch.randint(5, ours.cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
@@ -289,7 +289,7 @@ def test_electra_trains_both_losses_and_its_discriminator_loads_in_transformers(
 
     from components.model.build import build_model
     from components.model.config import BertConfig
-    from components.model.hf_layout import load_hf_state_dict
+    from components.model.hf_layout import load_bert_state_dict
 
     params = _project(tmp_path / "electra", stages_dir, pairs_out[0], objective="electra", max_steps=60,
                       val_every_steps=30, short_seq_steps=20)
@@ -316,7 +316,7 @@ def test_electra_trains_both_losses_and_its_discriminator_loads_in_transformers(
     cfg = BertConfig(**json.loads((export / "bertflow.json").read_text())["config"])
     assert cfg.rtd
     ours = build_model(cfg)
-    load_hf_state_dict(ours, weights)
+    load_bert_state_dict(ours, weights)
     ours.eval()
     ids = torch.randint(5, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     types, mask = torch.zeros_like(ids), torch.ones_like(ids)

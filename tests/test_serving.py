@@ -23,9 +23,9 @@ def tiny_task_model(root: Path, kind: str = "classification",
 
     from components.data.tokenizer import SPECIAL_TOKENS, UNK, add_template
     from components.model.build import task_model
-    from components.model.config import BertConfig
     from components.model.folders import write_task_model
     from components.model.metadata import TaskModelInfo
+    from tests.conftest import encoder_config
 
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + WORDS)}
     tok = Tokenizer(models.WordPiece(vocab, unk_token=UNK))
@@ -35,7 +35,7 @@ def tiny_task_model(root: Path, kind: str = "classification",
     add_template(tok)
     (root / "tok").mkdir(parents=True)
     tok.save(str(root / "tok" / "tokenizer.json"))
-    cfg = BertConfig(vocab_size=len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
+    cfg = encoder_config(len(vocab), hidden=16, layers=1, heads=2, intermediate=32, max_position=32)
     info = TaskModelInfo(config=cfg, task=task_config(kind, "reviews.csv"), fit="pretrained-s1",
                          labels=list(labels), space=list(labels), max_seq_len=32, label_subwords="all",
                          crf=False, scheme=scheme)

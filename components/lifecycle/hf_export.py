@@ -10,13 +10,14 @@ from pathlib import Path
 
 from components.core.errors import DataError
 from components.core.io import atomic_dir, write_json
+from components.model.arch import arch_of
 from components.model.folders import copy_tokenizer, read_weights
-from components.model.hf_layout import has_hf_layout, hf_config, hf_state_dict
 from components.model.metadata import read_task_model_info
 from components.model.pretraining import BertForPretraining
 
-ARCHITECTURES = {"classification": "BertForSequenceClassification",
-                 "pair": "BertForSequenceClassification", "token": "BertForTokenClassification"}
+# transformers' task model of each kind, after the family's name (Bert, ModernBert)
+HEADS = {"classification": "ForSequenceClassification", "pair": "ForSequenceClassification",
+         "token": "ForTokenClassification"}
 
 
 def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
@@ -28,35 +29,24 @@ def export_hf(model_dir: Path, out_dir: Path, name: str | None = None) -> dict:
     name = name or str(model_dir)
     info = read_task_model_info(model_dir)
     kind, cfg = info.task.kind, info.config
-    if kind not in ARCHITECTURES:
+    arch = arch_of(cfg)
+    if kind not in HEADS:
         raise DataError(f"{name}: a {kind} model has no transformers equivalent")
     if info.crf:
         raise DataError(f"{name}: a token model with a CRF has no transformers equivalent "
                         "(its decoding is not a per-token argmax)")
-    if not has_hf_layout(cfg):
+    if not arch.has_hf_layout(cfg):
         raise DataError(f"{name}: a pre-norm BERT encoder has no transformers equivalent")
     ours = read_weights(model_dir / "model.safetensors")
     # Our encoder (and pooler) go through a pretraining model to get transformers' names.
     shell = BertForPretraining(cfg)
     shell.encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in ours.items()
                                    if k.startswith("encoder.")})
-    if cfg.arch == "modern":  # ModernBertModel under `model.`, the head's transform as `head.`
-        state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith("model.")}
-        transform = "pooler." if kind != "token" else "head."
-        state.update({"head." + k[len(transform):]: v.contiguous() for k, v in ours.items()
-                      if k.startswith(transform)})
-    else:
-        pooler = {k[len("pooler."):]: v for k, v in ours.items() if k.startswith("pooler.")}
-        if pooler:
-            shell.pooler.load_state_dict(pooler)
-        keep = "bert." if kind != "token" else ("bert.embeddings.", "bert.encoder.")  # no pooler
-        state = {k: v for k, v in hf_state_dict(shell).items() if k.startswith(keep)}
+    state = arch.hf_task_state_dict(shell, ours, kind)
     state.update({k: ours[k].contiguous() for k in ("classifier.weight", "classifier.bias")})
     id2label = dict(enumerate(info.space))
-    architecture = ARCHITECTURES[kind]
-    if cfg.arch == "modern":
-        architecture = architecture.replace("Bert", "ModernBert")
-    config = {**hf_config(cfg), "architectures": [architecture], "id2label": id2label,
+    architecture = arch.hf_name + HEADS[kind]
+    config = {**arch.hf_config(cfg), "architectures": [architecture], "id2label": id2label,
               "label2id": {label: i for i, label in id2label.items()}}
     with atomic_dir(out_dir) as tmp:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})

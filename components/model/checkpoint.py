@@ -25,29 +25,53 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
 from components.data.tokenizer import (
     transformers_files,
     write_vocab,
 )
+from components.model import hf_layout, hf_modern
+from components.model.arch import arch_of
 from components.model.build import build_model
 from components.model.checkpoint_tokenizer import checkpoint_tokenizer
 from components.model.config import BertConfig
 from components.model.folders import load_pretraining_model, read_weights
-from components.model.hf_layout import (
-    config_from_hf,
-    hf_config,
-    hf_state_dict,
-    load_hf_state_dict,
-    normalize_hf_names,
-)
 from components.model.metadata import CheckpointInfo, read_checkpoint_info, write_info
 from components.model.packaged import source_dir
 
 log = logging.getLogger(__name__)
 
 LAYER = re.compile(r"(.*\.encoder\.layer\.)(\d+)(\..*)")  # BertForPreTraining's names of a block's tensors
+
+
+def config_from_hf(path: Path) -> BertConfig:
+    """Our BertConfig from a transformers config.json, BERT's or ModernBERT's (its model_type
+    says which); anything our encoders can't be, refused."""
+    try:
+        hf = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing; a checkpoint folder needs config.json") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    modern = hf.get("model_type") == hf_modern.MODEL_TYPE
+    try:
+        return hf_modern.config_from_hf_modern(hf) if modern else hf_layout.config_from_bert(hf)
+    except KeyError as e:
+        family = "ModernBERT" if modern else "BERT"
+        raise DataError(f"{path}: no {e.args[0]}; not a {family} config") from None
+    except ValueError as e:
+        raise DataError(f"{path}: {e}") from None
+
+
+def normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A published checkpoint's tensors (transformers' base or pretraining model, BERT's or
+    ModernBERT's) under the names of its pretraining model."""
+    if hf_modern.is_modern_state(state):
+        return hf_modern.normalize_modern_names(state)
+    return hf_layout.normalize_bert_names(state)
 
 
 def load_checkpoint(folder: Path, cfg: BertConfig):
@@ -58,10 +82,11 @@ def load_checkpoint(folder: Path, cfg: BertConfig):
         return load_pretraining_model(folder, cfg), []
     state = normalize_hf_names(read_weights(weights))
     model = build_model(cfg)  # the heads it lacks keep this initialisation (the arch's own)
+    arch = arch_of(cfg)
     shapes = (f"hidden_size={cfg.hidden}, num_hidden_layers={cfg.layers}, "
               f"intermediate_size={cfg.intermediate}, vocab_size={cfg.vocab_size}, "
               f"max_position_embeddings={cfg.max_position}")
-    expected = hf_state_dict(model)
+    expected = arch.hf_state_dict(model)
     for key, tensor in expected.items():
         if key in state and state[key].shape != tensor.shape:
             raise DataError(f"{weights}: {key} has shape {tuple(state[key].shape)}, but {config} "
@@ -71,7 +96,7 @@ def load_checkpoint(folder: Path, cfg: BertConfig):
         log.info("checkpoint %s: not used (not BERT's encoder or pretraining heads): %s",
                  folder, ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else ""))
     try:
-        fresh = load_hf_state_dict(model, state)
+        fresh = arch.load_hf_state_dict(model, state)
     except KeyError as e:
         raise DataError(f"{weights}: {e.args[0]}") from None
     return model, fresh
@@ -95,9 +120,9 @@ def import_checkpoint(init_from: str, root: Path, packages_dir: Path, out_dir: P
         source_sha256=hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest(),
         fresh_heads=fresh, parameters=sum(p.numel() for p in model.parameters()))
     with atomic_dir(out_dir) as tmp:
-        save_file(hf_state_dict(model, skip=tuple(fresh)), tmp / "model.safetensors",
+        save_file(arch_of(cfg).hf_state_dict(model, skip=tuple(fresh)), tmp / "model.safetensors",
                   metadata={"format": "pt"})
-        write_json(tmp / "config.json", hf_config(cfg))
+        write_json(tmp / "config.json", arch_of(cfg).hf_config(cfg))
         tok.save(str(tmp / "tokenizer.json"))
         write_vocab(tok, tmp)
         lowercase = (json.loads(tok.to_str())["normalizer"] or {}).get("lowercase", False)
@@ -121,7 +146,7 @@ def cut_checkpoint(src: Path, layers: list[int], out_dir: Path) -> BertConfig:
 
     info = read_checkpoint_info(src)
     cfg = info.config
-    if cfg.arch != "classic":  # a modern encoder's global layers follow their index
+    if not arch_of(cfg).cuts:
         raise ConfigError(f"distill.student_layers: {src} is a {cfg.arch} encoder; only a classic one is cut")
     if not layers or layers[-1] >= cfg.layers:
         raise ConfigError(f"distill.student_layers {layers}: {src} has layers 0 to {cfg.layers - 1}")
@@ -137,6 +162,6 @@ def cut_checkpoint(src: Path, layers: list[int], out_dir: Path) -> BertConfig:
         for path in Path(src).glob("[!.]*"):  # the tokenizer's files (not the folder's marks)
             shutil.copy2(path, tmp / path.name)
         save_file(kept, tmp / "model.safetensors", metadata={"format": "pt"})
-        write_json(tmp / "config.json", hf_config(cut))
+        write_json(tmp / "config.json", arch_of(cut).hf_config(cut))
         write_info(tmp, replace(info, config=cut, parameters=sum(t.numel() for t in kept.values())))
     return cut

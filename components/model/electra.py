@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from components.model.attention_mask import attention_allowed
-from components.model.build import init_weights
 from components.model.config import IGNORE, BertConfig
-from components.model.encoder import Block, Encoder
+from components.model.encoder import Block, Encoder, init_weights
 from components.model.pretraining import BertForPretraining
 
 

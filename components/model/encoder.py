@@ -1,5 +1,6 @@
 """The BERT encoder in plain torch (no Lightning, no I/O): embeddings, bidirectional attention
-blocks, the pooler; its shape is model/config.py's BertConfig.
+blocks, the pooler, BERT's initialisation; its shape is model/config.py's BertConfig, and
+model/arch.py's `classic` is made of these parts.
 
 Shapes in comments: B batch, T sequence length, H hidden. The parameter layout maps one to one
 onto transformers' BERT (model/hf_layout.py), so an exported encoder loads there with no missing
@@ -8,11 +9,12 @@ or unexpected keys (post-norm).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.model import modern
 from components.model.attention_mask import attention_allowed, probabilities
 from components.model.config import BertConfig
 
@@ -120,11 +122,50 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
 
 
-def make_encoder(cfg: BertConfig) -> nn.Module:
-    """The encoder of `cfg.arch`: BERT's (above) or ModernBERT's (model/modern.py)."""
-    return modern.ModernEncoder(cfg) if cfg.arch == "modern" else Encoder(cfg)
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: normal(0, std) for weights, zeros for biases, ones for LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
 
-def make_pooler(cfg: BertConfig) -> nn.Module:
-    """The [CLS] summary of `cfg.arch`: BERT's tanh layer or ModernBERT's head."""
-    return modern.Pooler(cfg) if cfg.arch == "modern" else Pooler(cfg)
+def sinusoids(positions: int, dim: int) -> torch.Tensor:
+    """The Transformer's sinusoidal table (positions, dim): nearby positions have similar rows,
+    and the dot product of two rows depends on their distance only."""
+    pos = torch.arange(positions, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(positions, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return table
+
+
+def init_bert(model: nn.Module, cfg: BertConfig) -> None:
+    """A new model (any head) initialised as BERT is, its positions optionally as sinusoids."""
+    init_weights(model, cfg.init_std)
+    if cfg.position_init == "sinusoidal":
+        # Random positions give near-uniform attention: every token first sees a bag of words.
+        # Sinusoids (at the scale of the token embeddings, so they don't drown them) hand
+        # attention a distance signal from the first step.
+        encoder = model.encoder if hasattr(model, "encoder") else model
+        table = sinusoids(cfg.max_position, cfg.hidden)
+        with torch.no_grad():
+            encoder.embeddings.position.weight.copy_(table * (cfg.init_std / table.std()))
+
+
+def pooler_from_pretraining(model: nn.Module, pretrained: nn.Module) -> None:
+    """A task model's pooler (sentence tasks) from the pretraining model's, trained by NSP; a
+    token model has none."""
+    if hasattr(model, "pooler"):
+        model.pooler.load_state_dict(pretrained.pooler.state_dict())

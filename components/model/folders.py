@@ -13,8 +13,8 @@ import torch
 from components.core.errors import DataError
 from components.core.io import atomic_dir, write_json
 from components.data.tokenizer import PAD, TOKENIZER_FILES, load
+from components.model.arch import arch_of
 from components.model.config import BertConfig
-from components.model.hf_layout import has_hf_layout, hf_config, hf_state_dict, load_hf_state_dict
 from components.model.metadata import INFO_FILE, EncoderInfo, TaskModelInfo, write_info
 from components.model.pretraining import BertForPretraining
 
@@ -57,10 +57,11 @@ def write_encoder(model: BertForPretraining, info: EncoderInfo, tokenizer_dir: P
     our names), tokenizer, record."""
     from safetensors.torch import save_file
 
+    arch = arch_of(info.config)
     with atomic_dir(out_dir) as tmp:
-        if has_hf_layout(info.config):
-            save_file(hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
-            write_json(tmp / "config.json", hf_config(info.config))
+        if arch.has_hf_layout(info.config):
+            save_file(arch.hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
+            write_json(tmp / "config.json", arch.hf_config(info.config))
         else:
             save_file({k: v.contiguous() for k, v in model.state_dict().items()
                        if k != "mlm.decoder.weight"}, tmp / "model.safetensors")
@@ -76,7 +77,7 @@ def load_pretraining_model(folder: Path, cfg: BertConfig) -> BertForPretraining:
     state = read_weights(Path(folder) / "model.safetensors")
     model = BertForPretraining(cfg)
     if (Path(folder) / "config.json").exists():  # transformers' names
-        load_hf_state_dict(model, state)
+        arch_of(cfg).load_hf_state_dict(model, state)
     else:
         if not cfg.rtd:  # the tied decoder (an ELECTRA discriminator has no MLM head)
             state["mlm.decoder.weight"] = state["encoder.embeddings.word.weight"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from components.model.arch import arch_of
 from components.model.config import BertConfig
-from components.model.encoder import make_encoder, make_pooler
-from components.model.modern import PredictionHead
 
 
 class SequenceClassifier(nn.Module):
@@ -21,8 +20,9 @@ class SequenceClassifier(nn.Module):
 
     def __init__(self, cfg: BertConfig, num_labels: int):
         super().__init__()
-        self.encoder = make_encoder(cfg)
-        self.pooler = make_pooler(cfg)  # pretrained by NSP: the [CLS] summary BERT classifies from
+        arch = arch_of(cfg)
+        self.encoder = arch.encoder(cfg)
+        self.pooler = arch.pooler(cfg)  # pretrained by NSP: the [CLS] summary BERT classifies from
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.hidden, num_labels)
 
@@ -115,9 +115,9 @@ class TokenClassifier(nn.Module):
 
     def __init__(self, cfg: BertConfig, num_labels: int, crf: bool = False):
         super().__init__()
-        self.encoder = make_encoder(cfg)
-        # ModernBERT's token head transforms each vector first (ModernBertForTokenClassification).
-        self.head = PredictionHead(cfg) if cfg.arch == "modern" else nn.Identity()
+        arch = arch_of(cfg)
+        self.encoder = arch.encoder(cfg)
+        self.head = arch.token_transform(cfg)  # ModernBERT's head transform; none in BERT
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.hidden, num_labels)
         self.crf = CRF(num_labels) if crf else None
@@ -136,7 +136,7 @@ class SpanClassifier(nn.Module):
     def __init__(self, cfg: BertConfig, num_labels: int, max_span_words: int):
         super().__init__()
         H = cfg.hidden
-        self.encoder = make_encoder(cfg)
+        self.encoder = arch_of(cfg).encoder(cfg)
         self.start = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Dropout(cfg.dropout))
         self.end = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Dropout(cfg.dropout))
         self.attend = nn.Linear(H, 1)  # a score per subword: which ones summarise the span

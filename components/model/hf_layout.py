@@ -1,41 +1,30 @@
-"""transformers' BERT layout: config.json, parameter names (q, k and v split where we fuse them),
-and the names of the checkpoints people publish (BertModel, BertForMaskedLM, BertForPreTraining,
-TensorFlow-era LayerNorm gamma/beta); a modern encoder's are ModernBERT's (model/hf_modern.py)."""
+"""transformers' BERT layout, the classic encoder's (model/arch.py): config.json, parameter names
+(q, k and v split where we fuse them), and the names of the checkpoints people publish
+(BertModel, BertForMaskedLM, BertForPreTraining, TensorFlow-era LayerNorm gamma/beta). A modern
+encoder's layout is ModernBERT's (model/hf_modern.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
+from torch import nn
 
-from components.core.errors import DataError
-from components.model.config import BertConfig
-from components.model.hf_modern import (
-    MODEL_TYPE,
-    config_from_hf_modern,
-    hf_modern_config,
-    is_modern_state,
-    modern_names,
-    normalize_modern_names,
-)
-from components.model.pretraining import BertForPretraining
+from components.model.config import MODERN_DEFAULTS, BertConfig
+
+MODEL_TYPE = "bert"
 
 
-def has_hf_layout(cfg: BertConfig) -> bool:
-    """Whether transformers has this encoder: BERT (post-norm) or ModernBERT, not pre-norm BERT."""
-    return cfg.arch == "modern" or cfg.norm == "post"
+def has_bert_layout(cfg: BertConfig) -> bool:
+    """Whether transformers has this classic encoder: post-norm BERT, not pre-norm."""
+    return cfg.norm == "post"
 
 
-def hf_config(cfg: BertConfig) -> dict:
+def bert_hf_config(cfg: BertConfig) -> dict:
     """config.json of transformers' BertForPreTraining for this shape; an ELECTRA discriminator
     (no MLM head) is a BertModel to transformers, its RTD head stored under ElectraForPreTraining's
-    names beside it. A modern encoder: ModernBertForMaskedLM's."""
-    if cfg.arch == "modern":
-        return hf_modern_config(cfg)
+    names beside it."""
     return {
         "architectures": ["BertModel" if cfg.rtd else "BertForPreTraining"],
-        "model_type": "bert",
+        "model_type": MODEL_TYPE,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden,
         "num_hidden_layers": cfg.layers,
@@ -91,14 +80,9 @@ def _qkv(i: int, kind: str) -> tuple[str, list[str]]:
     return f"encoder.blocks.{i}.attn.qkv.{kind}", [f"{prefix}{n}.{kind}" for n in ("query", "key", "value")]
 
 
-def hf_state_dict(model: BertForPretraining, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """Our pretraining weights under transformers' BertForPreTraining names (q/k/v split),
-    without the heads named in `skip` (pooler, mlm, nsp, rtd); a modern encoder's under
-    ModernBertForMaskedLM's names (no pooler or NSP head there)."""
-    if model.cfg.arch == "modern":
-        ours = model.state_dict()
-        return {hf: ours[name].detach().contiguous().clone()
-                for name, hf in modern_names(model.cfg).items() if name.split(".")[0] not in skip}
+def bert_state_dict(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """A classic pretraining model's weights under transformers' BertForPreTraining names (q/k/v
+    split), without the heads named in `skip` (pooler, mlm, nsp, rtd)."""
     if model.cfg.norm != "post":
         raise ValueError("only post-norm encoders have a BertForPreTraining equivalent")
     ours = model.state_dict()
@@ -110,21 +94,19 @@ def hf_state_dict(model: BertForPretraining, skip: tuple[str, ...] = ()) -> dict
     return {k: v.detach().contiguous().clone() for k, v in out.items()}
 
 
-def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]) -> list[str]:
-    """Inverse of hf_state_dict: load transformers-named weights into our model.
+def load_bert_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Inverse of bert_state_dict: load transformers-named weights into our classic model.
 
     The encoder must be complete. A head the state lacks in whole or in part (pooler, mlm, nsp;
     sbo is never in transformers' layout) keeps its initialisation: the names of those heads
     are returned, so the caller can say so and train them.
     """
-    if model.cfg.arch == "modern":
-        return _load_modern(model, state)
     names = _hf_names(model.cfg)
     for i in range(model.cfg.layers):
         for kind in ("weight", "bias"):
             fused, split = _qkv(i, kind)
             names.update({f"{fused}#{j}": hf for j, hf in enumerate(split)})
-    _require_encoder(names, state)
+    require_encoder(names, state)
     fresh = sorted({ours.split(".")[0] for ours, hf in names.items() if hf not in state})
     new = {ours: state[hf] for ours, hf in names.items()
            if "#" not in ours and ours.split(".")[0] not in fresh}
@@ -139,7 +121,19 @@ def load_hf_state_dict(model: BertForPretraining, state: dict[str, torch.Tensor]
     return fresh + (["sbo"] if model.sbo is not None else [])
 
 
-def _require_encoder(names: dict[str, str], state: dict[str, torch.Tensor]) -> None:
+def bert_task_state_dict(shell: nn.Module, ours: dict[str, torch.Tensor],
+                         kind: str) -> dict[str, torch.Tensor]:
+    """A task model's encoder and pooler (`ours`, its state) under BertForSequenceClassification's
+    names, through `shell`, a pretraining model holding its encoder; a token model's without the
+    pooler (BertForTokenClassification has none). The classifier is the caller's."""
+    pooler = {k[len("pooler."):]: v for k, v in ours.items() if k.startswith("pooler.")}
+    if pooler:
+        shell.pooler.load_state_dict(pooler)
+    keep = "bert." if kind != "token" else ("bert.embeddings.", "bert.encoder.")
+    return {k: v for k, v in bert_state_dict(shell).items() if k.startswith(keep)}
+
+
+def require_encoder(names: dict[str, str], state: dict[str, torch.Tensor]) -> None:
     """KeyError naming the first encoder tensors (ours -> transformers' `names`) `state` lacks."""
     missing = [hf for ours, hf in names.items() if ours.startswith("encoder.") and hf not in state]
     if missing:
@@ -147,62 +141,31 @@ def _require_encoder(names: dict[str, str], state: dict[str, torch.Tensor]) -> N
                        f"{' ...' if len(missing) > 3 else ''}")
 
 
-def _load_modern(model: BertForPretraining, state: dict[str, torch.Tensor]) -> list[str]:
-    """load_hf_state_dict for ModernBertForMaskedLM's names: the pooler and NSP head are never
-    there (fine-tuning starts its heads from the MLM head's transform, as transformers does)."""
-    names = modern_names(model.cfg)
-    _require_encoder(names, state)
-    fresh = sorted({"pooler", "nsp"} | {ours.split(".")[0] for ours, hf in names.items() if hf not in state})
-    new = {ours: state[hf] for ours, hf in names.items() if ours.split(".")[0] not in fresh}
-    if "mlm" not in fresh:
-        new["mlm.decoder.weight"] = new["encoder.embeddings.word.weight"]  # the tied decoder
-    _, unexpected = model.load_state_dict(new, strict=False)
-    assert not unexpected, unexpected
-    return fresh + (["sbo"] if model.sbo is not None else [])
-
-
-def config_from_hf(path: Path) -> BertConfig:
-    """Our BertConfig from a transformers config.json; anything our encoder can't be, refused."""
-    try:
-        hf = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing; a checkpoint folder needs config.json") from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
-    if hf.get("model_type") == MODEL_TYPE:
-        try:
-            return config_from_hf_modern(hf)
-        except KeyError as e:
-            raise DataError(f"{path}: no {e.args[0]}; not a ModernBERT config") from None
-        except ValueError as e:
-            raise DataError(f"{path}: {e}") from None
-    unsupported = {"model_type": ("bert",), "hidden_act": ("gelu",),
+def config_from_bert(hf: dict) -> BertConfig:
+    """Our classic BertConfig from a BERT config.json (KeyError: a missing shape key; ValueError:
+    a BERT this encoder is not). A key it leaves out is transformers' BertConfig default; a BERT
+    is post-norm, with no SBO or RTD head."""
+    unsupported = {"model_type": (MODEL_TYPE,), "hidden_act": ("gelu",),
                    "position_embedding_type": ("absolute",)}
     for key, allowed in unsupported.items():
         if hf.get(key, allowed[0]) not in allowed:
-            raise DataError(f"{path}: {key} is {hf[key]!r}; this pipeline reads "
-                            f"{key}: {' or '.join(allowed)}")
-    try:
-        return BertConfig(
-            vocab_size=hf["vocab_size"], hidden=hf["hidden_size"], layers=hf["num_hidden_layers"],
-            heads=hf["num_attention_heads"], intermediate=hf["intermediate_size"],
-            max_position=hf["max_position_embeddings"], type_vocab=hf.get("type_vocab_size", 2),
-            dropout=hf.get("hidden_dropout_prob", 0.1), layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-            init_std=hf.get("initializer_range", 0.02), pad_id=hf.get("pad_token_id") or 0)
-    except KeyError as e:
-        raise DataError(f"{path}: no {e.args[0]}; not a BERT config") from None
-    except ValueError as e:
-        raise DataError(f"{path}: {e}") from None
+            raise ValueError(f"{key} is {hf[key]!r}; this pipeline reads {key}: {' or '.join(allowed)}")
+    return BertConfig(
+        arch="classic", vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
+        layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+        intermediate=hf["intermediate_size"], max_position=hf["max_position_embeddings"],
+        type_vocab=hf.get("type_vocab_size", 2), dropout=hf.get("hidden_dropout_prob", 0.1),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), init_std=hf.get("initializer_range", 0.02),
+        pad_id=hf.get("pad_token_id") or 0, norm="post", position_init="random", sbo=False, rtd=False,
+        **MODERN_DEFAULTS)
 
 
-def normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def normalize_bert_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Tensors of BertModel / BertForMaskedLM / BertForPreTraining under BertForPreTraining's names.
 
     Dropped: the position_ids buffer and the decoder weight, which BERT ties to the token
-    embeddings (our MLM head always does). ModernBERT's tensors: hf_modern's names.
+    embeddings (our MLM head always does).
     """
-    if is_modern_state(state):
-        return normalize_modern_names(state)
     out = {}
     for key, value in state.items():
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")

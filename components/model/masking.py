@@ -19,12 +19,14 @@ from typing import Literal
 
 import torch
 
-from components.model.config import IGNORE
+from components.model.config import IGNORE, MAX_SPAN
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MaskingSpec:
-    """What the masker needs to know about the vocabulary and the objective."""
+    """What the masker needs to know about the vocabulary and the objective: the vocabulary's
+    from the tokenizer, the objective's from params.yaml's pretrain section
+    (training.pretrain_data.masking_spec)."""
 
     vocab_size: int
     """Vocabulary size V."""
@@ -34,17 +36,17 @@ class MaskingSpec:
     """Ids never selected ([PAD], [CLS], [SEP], [UNK] ...)."""
     continuation: torch.Tensor
     """(V,) bool: True for `##` pieces (word-internal)."""
-    mlm_probability: float = 0.15
+    mlm_probability: float
     """Share of non-special tokens selected."""
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int
     """Cap on selected tokens per sequence."""
-    masking: Literal["token", "whole_word", "span"] = "token"
+    masking: Literal["token", "whole_word", "span"]
     """What is selected: tokens, whole words, or SpanBERT spans."""
-    unigram: torch.Tensor | None = None
+    unigram: torch.Tensor | None
     """(V,) token frequencies for random replacements; uniform over non-special ids if None."""
     span_p: float = 0.2
-    """Geometric parameter of span lengths (in words)."""
-    max_span: int = 10
+    """Geometric parameter of span lengths (in words), SpanBERT's."""
+    max_span: int = MAX_SPAN
     """Longest span, in words."""
 
 

@@ -18,7 +18,7 @@ from components.core.config import TaskConfig
 from components.core.errors import DataError
 from components.core.io import write_json
 from components.core.params import parse
-from components.model.config import BertConfig
+from components.model.config import MODERN_DEFAULTS, BertConfig
 
 INFO_FILE = "bertflow.json"
 
@@ -104,9 +104,14 @@ def _record(cls: type, folder: Path, data: dict, **typed: Any):
         raise DataError(f"{Path(folder) / INFO_FILE}: not a complete {cls.__name__} ({e})") from None
 
 
+# What a record written before ELECTRA and model.arch existed was: a classic encoder without
+# an RTD head.
+EARLIER = {"rtd": False, "arch": "classic", **MODERN_DEFAULTS}
+
+
 def _config(folder: Path, data: dict) -> BertConfig:
     try:
-        return BertConfig(**data["config"])
+        return BertConfig(**{**EARLIER, **data["config"]})
     except (TypeError, KeyError) as e:
         raise DataError(f"{Path(folder) / INFO_FILE}: no valid encoder config ({e})") from None
 

@@ -4,6 +4,7 @@ layers, another for the local ones), attention that alternates a sliding window 
 layer every `global_every` layers, and a final norm. No learned positions, no segment embeddings.
 
 Parameter layout: one to one onto transformers' ModernBertModel (model/hf_modern.py renames).
+model/arch.py's `modern` is made of these parts.
 Documents packed into one row (position ids that restart at 0) attend only within themselves,
 the block-diagonal mask of ModernBERT's unpadded training (model/attention_mask.py), through SDPA.
 
@@ -11,6 +12,8 @@ Shapes: B batch, T sequence length, H hidden, D head size (H / heads).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -162,3 +165,36 @@ class Pooler(PredictionHead):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return super().forward(hidden[:, 0])  # (B, T, H) -> (B, H)
+
+
+def init_modern(model: nn.Module, cfg: BertConfig) -> None:
+    """ModernBERT's initialisation: normal(0, std) truncated at 2 std; the layers that write into
+    the residual stream (attention out, feed-forward out) and the heads' dense layers at
+    std / sqrt(2 layers), so the stream's variance does not grow with depth; task classifiers at
+    hidden^-1/2 (transformers' ModernBertPreTrainedModel._init_weights); zero biases (heads)."""
+    out = cfg.init_std / math.sqrt(2.0 * cfg.layers)
+    for name, m in model.named_modules():
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if not isinstance(m, (nn.Linear, nn.Embedding)):
+            continue
+        std = cfg.init_std
+        if name.endswith(("attn.out", "ff_out", "pooler.dense", "mlm.dense", "head.dense")):
+            std = out
+        elif name == "classifier" or name == "classifier.3":
+            std = cfg.hidden ** -0.5
+        nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+        if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+            with torch.no_grad():
+                m.weight[m.padding_idx].zero_()
+
+
+def heads_from_pretraining(model: nn.Module, pretrained: nn.Module) -> None:
+    """ModernBERT exports no pooler: a task model's sentence and token heads start from the MLM
+    head's transform (dense, norm), as transformers' ModernBertFor*Classification load it."""
+    transform = {k: v for k, v in pretrained.mlm.state_dict().items() if k.startswith(("dense.", "norm."))}
+    for name in ("pooler", "head"):
+        if isinstance(getattr(model, name, None), PredictionHead):
+            getattr(model, name).load_state_dict(transform)

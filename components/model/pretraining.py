@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.model.arch import arch_of
 from components.model.config import IGNORE, BertConfig
-from components.model.encoder import make_encoder, make_pooler
 
 
 class MLMHead(nn.Module):
@@ -23,7 +23,7 @@ class MLMHead(nn.Module):
 
     def __init__(self, cfg: BertConfig, embeddings: nn.Embedding):
         super().__init__()
-        bias = cfg.arch == "classic"
+        bias = arch_of(cfg).biases
         self.dense = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
         self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps, bias=bias)
         self.decoder = embeddings  # tied: the (V, H) weight is shared, not copied
@@ -76,8 +76,9 @@ class BertForPretraining(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = make_encoder(cfg)
-        self.pooler = make_pooler(cfg)
+        arch = arch_of(cfg)
+        self.encoder = arch.encoder(cfg)
+        self.pooler = arch.pooler(cfg)
         self.mlm = None if cfg.rtd else MLMHead(cfg, self.encoder.embeddings.word)
         self.rtd = RTDHead(cfg) if cfg.rtd else None
         self.rtd_weight = 1.0  # ELECTRA's lambda; model/electra.py sets it
@@ -130,7 +131,7 @@ def count_flops_per_token(cfg: BertConfig, seq_len: int, predicted_fraction: flo
     """Training FLOPs per token (forward + backward = 3x forward) of matmuls and attention (a
     local layer's masked scores included: SDPA computes them)."""
     H, L, F_, V = cfg.hidden, cfg.layers, cfg.intermediate, cfg.vocab_size
-    ff = 3 * H * F_ if cfg.arch == "modern" else 2 * H * F_  # GeGLU: value, gate and out
+    ff = arch_of(cfg).ff_matrices * H * F_
     per_layer = 2 * (3 * H * H + H * H + ff) + 2 * 2 * seq_len * H  # linears + QK^T, AV
     head = predicted_fraction * 2 * (H * H + H * V)  # sparse MLM head
     return 3 * (L * per_layer + head)

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 
 from components.core.config import FinetuneConfig
 from components.evaluation.metrics import primary_metric, score_predictions
+from components.model.arch import arch_of
 from components.model.build import task_model
 from components.model.config import IGNORE, BertConfig
 from components.model.decoding import SPAN_INPUTS, predict, predictions_table, word_emissions
 from components.model.folders import load_pretraining_model
 from components.model.inputs import Encoded
-from components.model.modern import PredictionHead
 from components.training.common import adamw, clip_grad_norm
 
 
@@ -35,7 +35,7 @@ class FitSpec:
     init: str  # "pretrained", "scratch", "checkpoint", "adapted" or "distilled"
     seed: int
     epochs: int
-    lr: float  # peak learning rate: the task's, else finetune.lr
+    lr: float  # peak learning rate: the task's one rate, or the one its search tries or chose
     max_span_words: int
     span_decoding: str
     tag_decoding: str
@@ -111,8 +111,8 @@ def score(kind: str, space: list[str], predictions: list, gold: pa.Table, scheme
 
 
 def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertConfig) -> None:
-    """Copy the pretrained encoder (and pooler, for classification; a modern model's heads'
-    transform) into a task model.
+    """Copy the pretrained encoder, and what the task's heads start from (BERT's pooler, for
+    sentence tasks; ModernBERT's MLM head transform), into a task model.
 
     The throwaway pretraining model is built on a forked random stream: its initialisation
     would otherwise advance the seed's stream, and a pretrained fit and a fit from scratch of
@@ -121,16 +121,7 @@ def load_encoder_weights(model: torch.nn.Module, encoder_dir: Path, cfg: BertCon
     with torch.random.fork_rng(devices=[]):
         pretrained = load_pretraining_model(encoder_dir, cfg)
     model.encoder.load_state_dict(pretrained.encoder.state_dict())
-    if cfg.arch == "modern":
-        # ModernBERT exports no pooler: its sentence and token heads start from the MLM head's
-        # transform (dense, norm), as transformers' ModernBertFor*Classification load it.
-        transform = {k: v for k, v in pretrained.mlm.state_dict().items()
-                     if k.startswith(("dense.", "norm."))}
-        for name in ("pooler", "head"):
-            if isinstance(getattr(model, name, None), PredictionHead):
-                getattr(model, name).load_state_dict(transform)
-    elif hasattr(model, "pooler"):
-        model.pooler.load_state_dict(pretrained.pooler.state_dict())
+    arch_of(cfg).heads_from_pretraining(model, pretrained)
 
 
 def freeze_all_but_last(model: torch.nn.Module, k: int) -> None:

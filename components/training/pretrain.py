@@ -26,6 +26,7 @@ from components.core.guard import make_work, remove_owned
 from components.core.io import list_shards
 from components.core.machine import cpu_facts
 from components.data.tokenizer import SEP, load
+from components.model.arch import ARCHS, arch_of
 from components.model.build import build_model
 from components.model.checkpoint import load_checkpoint
 from components.model.config import BertConfig
@@ -42,17 +43,17 @@ log = logging.getLogger(__name__)
 
 
 def bert_config(model: ModelConfig, vocab_size: int, cfg: PretrainConfig) -> BertConfig:
-    """Our BertConfig from the params' model section, the real vocabulary and the objective."""
+    """Our BertConfig from the params' model section, the real vocabulary and the objective; the
+    LayerNorm epsilon is the arch's."""
     size = model.presets[model.preset]
-    modern = {"layer_norm_eps": 1e-5,  # ModernBERT's norm_eps (BERT's 1e-12 is BertConfig's)
-              "local_window": model.local_window, "global_every": model.global_every,
-              "rope_base_global": model.rope_base_global, "rope_base_local": model.rope_base_local}
     return BertConfig(vocab_size=vocab_size, hidden=size.hidden, layers=size.layers,
                       heads=size.heads, intermediate=size.intermediate,
                       max_position=model.max_position, dropout=cfg.dropout, norm=model.norm,
+                      layer_norm_eps=ARCHS[model.arch].layer_norm_eps,
                       sbo=cfg.masking == "span" and cfg.span_boundary_objective,
                       position_init=cfg.position_init, rtd=cfg.objective == "electra",
-                      arch=model.arch, **(modern if model.arch == "modern" else {}))
+                      arch=model.arch, local_window=model.local_window, global_every=model.global_every,
+                      rope_base_global=model.rope_base_global, rope_base_local=model.rope_base_local)
 
 
 def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
@@ -66,8 +67,8 @@ def start_config(model: ModelConfig, cfg: PretrainConfig, vocab_size: int,
         raise DataError(f"pretrain: the checkpoint {checkpoint.init_from} has a vocabulary of "
                         f"{bert.vocab_size} but the tokenizer has {vocab_size} tokens; rerun the "
                         f"tokenizer stage, which takes the checkpoint's tokenizer")
-    if bert.arch == "modern" and cfg.objective == "electra":
-        raise DataError(f"pretrain: the checkpoint {checkpoint.init_from} is a ModernBERT; "
+    if cfg.objective == "electra" and not arch_of(bert).electra:
+        raise DataError(f"pretrain: the checkpoint {checkpoint.init_from} is a {bert.arch} encoder; "
                         "pretrain.objective electra needs a classic (BERT) encoder")
     log.info("pretrain: continuing %s (%d layers x %d hidden); model.preset (%s) and "
              "embedding_init do not apply", checkpoint.init_from, bert.layers, bert.hidden,
