@@ -183,13 +183,11 @@ def test_a_modern_bert_checkpoint_is_continued(stages_dir, pairs_out, tmp_path):
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_on_cpu_with_tiny_shapes(tmp_path):
-    # benchmarks/gpu_check.sh's script, as a GPU machine runs it, in seconds on this CPU.
+    # benchmarks/checks/gpu_check.sh's module, as a GPU machine runs it, in seconds on this CPU.
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
-
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--steps", "1",
+    subprocess.run([sys.executable, "-m", "benchmarks.checks.gpu_check", "--tiny", "--steps", "1",
                     "--out", str(tmp_path / "check.json")], cwd=tmp_path, check=True, capture_output=True)
     report = json.loads((tmp_path / "check.json").read_text())
     rows = report["pretraining"]
