@@ -13,9 +13,9 @@ from components.data.tasks.folder import read_split
 from components.data.tasks.prepare import prepare_task
 from components.data.tokenizer import load
 from components.model.folders import read_weights
-from components.model.metadata import read_encoder_info
+from components.model.metadata import read_encoder_info, read_task_model_info
 from components.training.adapt import START, adapt_task, write_task_pairs
-from components.training.finetune import finetune_task
+from components.training.finetune import finetune_start
 from tests.conftest import section, task_config
 from tests.test_finetune import _user_files
 
@@ -70,9 +70,10 @@ def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews
 
     cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, seeds=[1], init=["pretrained", "adapted"],
                   batch_size=16)
-    fits = finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model",
-                         adapted_dir=out)["fits"]
-    assert set(fits) == {"pretrained-s1", "adapted-s1"}
+    fits = finetune_start("reviews", REVIEWS, cfg, init="adapted", task_dir=reviews, encoder_dir=tiny_encoder,
+                          out_dir=tmp_path / "model", weights_dir=out)["fits"]
+    assert set(fits) == {"adapted-s1"}
+    assert read_task_model_info(tmp_path / "model" / "model").fit == "adapted-s1"  # the start's own model
 
 
 def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tiny_encoder, tmp_path):
@@ -82,4 +83,6 @@ def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tin
     assert sorted(p.name for p in out.iterdir()) == [OWNED, "bertflow.json"]
     cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"])
     with pytest.raises(DataError, match="holds no adapted encoder; run the adapt stage"):
-        finetune_task("reviews", REVIEWS, cfg, reviews, tiny_encoder, tmp_path / "model", adapted_dir=out)
+        finetune_start("reviews", REVIEWS, cfg, init="adapted", task_dir=reviews, encoder_dir=tiny_encoder,
+                       out_dir=tmp_path / "model", weights_dir=out)
+    assert not (tmp_path / "model").exists()

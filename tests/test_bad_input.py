@@ -358,11 +358,12 @@ def task_dir(tmp_path_factory) -> Path:
 
 
 def _finetune(task_dir: Path, encoder_dir: Path, out: Path) -> dict:
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
 
     task = task_config("classification", "unused", lr=5e-4, epochs=1)
     cfg = section(FinetuneConfig, seeds=[1], init=["pretrained"], workers=1)
-    return finetune_task("reviews", task, cfg, task_dir, encoder_dir, out / "model")
+    return finetune_start("reviews", task, cfg, init="pretrained", task_dir=task_dir, encoder_dir=encoder_dir,
+                          out_dir=out / "model")
 
 
 def _copy(encoder: Path, to: Path) -> Path:

@@ -1,6 +1,6 @@
 """The `distilled` start: a teacher fine-tuned per task (teacher@task), a transfer set of the
 training split and its MLM-augmented copies labelled with the teacher's soft targets
-(transfer_set@task), and the student fine-tuned on them (finetune@task)."""
+(transfer_set@task), and the student fine-tuned on them (distill@task)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from components.model.folders import read_weights
 from components.model.heads import CRF
 from components.model.metadata import read_checkpoint_info, read_task_model_info
 from components.training.augment import augment
-from components.training.finetune import finetune_task
+from components.training.finetune import distill_student
 from components.training.student import student_encoder
 from components.training.teacher import fit_teacher
 from components.training.transfer_set import build_transfer, corpus_rows, new_pairs
@@ -119,9 +119,9 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
         task = task.model_copy(update={"transfer_pairs": 10, "pair_link": read_meta(task_dir)["labels"][0]})
     cfg = _cfg(name, init=["pretrained", "distilled"])
     distill = _distill(str(tiny_encoder), augment_copies=1, corpus_rows=20)  # any checkpoint folder teaches
-    teacher = fit_teacher(name, task, cfg, distill, True, project, project / "packages", task_dir,
+    teacher = fit_teacher(name, task, cfg, distill, project, project / "packages", task_dir,
                           tmp_path / "teacher")
-    assert set(teacher["scores"]) == {"checkpoint-s1"} and 0 <= teacher["test_mean"] <= 1
+    assert set(teacher["scores"]) == {"teacher-s1"} and 0 <= teacher["test_mean"] <= 1
     assert (tmp_path / "teacher" / "model" / "model.safetensors").is_file()  # a task model, servable
 
     stats = build_transfer(name, task, cfg, distill, True, task_dir, tiny_modern_encoder,
@@ -138,11 +138,12 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
     for t in targets:  # distributions: per row, per word or per span
         np.testing.assert_allclose(np.exp(t.astype(np.float64)).sum(-1), 1, atol=1e-4)
 
-    fits = finetune_task(name, task, cfg, task_dir, tiny_modern_encoder, tmp_path / "model",
-                         distill=distill, transfer_dir=tmp_path / "transfer")
-    assert set(fits["fits"]) == {"pretrained-s1", "distilled-s1"}
+    fits = distill_student(name, task, cfg, distill, task_dir=task_dir, encoder_dir=tiny_modern_encoder,
+                           transfer_dir=tmp_path / "transfer", out_dir=tmp_path / "distilled")
+    assert set(fits["fits"]) == {"distilled-s1"}
     assert fits["transfer_examples"] >= 2 * train + corpus + paired
-    assert (tmp_path / "model" / "fits" / "distilled-s1.parquet").is_file()
+    assert (tmp_path / "distilled" / "fits" / "distilled-s1.parquet").is_file()
+    assert read_task_model_info(tmp_path / "distilled" / "model").fit == "distilled-s1"  # the start's own
 
 
 def test_new_pairs_join_training_texts_half_of_the_time_through_their_linked_gold_pairs():
@@ -174,8 +175,8 @@ def test_new_pairs_join_training_texts_half_of_the_time_through_their_linked_gol
 def reviews_teacher(project, tiny_encoder, tmp_path_factory):
     out = tmp_path_factory.mktemp("teacher") / "reviews"
     fit_teacher("reviews", TASKS["reviews"], _cfg("reviews", init=["pretrained", "distilled"]),
-                _distill(str(tiny_encoder)), True, project, project / "packages",
-                project / "tasks" / "reviews", out)
+                _distill(str(tiny_encoder)), project, project / "packages", project / "tasks" / "reviews",
+                out)
     return out
 
 
@@ -200,13 +201,13 @@ def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(pro
     distill = _distill(str(tiny_encoder), augment_copies=0)
     with pytest.raises(DataError, match=r"no transfer set; finetune.init has distilled, so run "
                                         r"teacher@reviews and transfer_set@reviews first"):
-        finetune_task("reviews", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m",
-                      distill=distill, transfer_dir=tmp_path / "missing")
+        distill_student("reviews", TASKS["reviews"], cfg, distill, task_dir=reviews, encoder_dir=tiny_encoder,
+                        transfer_dir=tmp_path / "missing", out_dir=tmp_path / "m")
     build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
     with pytest.raises(DataError, match=r"labelled by a teacher of task 'reviews' .* not of 'other'"):
-        finetune_task("other", TASKS["reviews"], cfg, reviews, tiny_encoder, tmp_path / "m", distill=distill,
-                      transfer_dir=tmp_path / "transfer")
+        distill_student("other", TASKS["reviews"], cfg, distill, task_dir=reviews, encoder_dir=tiny_encoder,
+                        transfer_dir=tmp_path / "transfer", out_dir=tmp_path / "m")
     assert not (tmp_path / "m").exists()
 
 
@@ -242,17 +243,18 @@ def test_a_student_cut_from_the_teacher_trains_with_its_own_tokenizer_at_the_tea
     distill = _distill("all-minilm-l6-v2", augment_copies=0, student_layers=[0])
     build_transfer("reviews", task, cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
-    with student_encoder(distill.model_copy(update={"student_layers": []}), True, project, PACKAGES) as none:
+    with student_encoder(distill.model_copy(update={"student_layers": []}), project, PACKAGES) as none:
         assert none is None  # the student is the pretrained encoder
-    with student_encoder(distill, True, project, PACKAGES) as student:
-        fits = finetune_task("reviews", task, cfg, reviews, tiny_modern_encoder, tmp_path / "m",
-                             distill=distill, transfer_dir=tmp_path / "transfer", student_dir=student)
+    with student_encoder(distill, project, PACKAGES) as student:
+        fits = distill_student("reviews", task, cfg, distill, task_dir=reviews,
+                               encoder_dir=tiny_modern_encoder, transfer_dir=tmp_path / "transfer",
+                               out_dir=tmp_path / "m", student_dir=student)
     assert not student.exists()  # built for the stage, gone after it
-    assert {k: f["lr"] for k, f in fits["fits"].items()} == {"distilled-s1": 3e-3, "pretrained-s1": 1e-3}
-    exported = read_task_model_info(tmp_path / "m" / "model")  # the first init's: the student
+    # The teacher's rate (teacher_lr), not the task's lr that the other starts train at.
+    assert {k: f["lr"] for k, f in fits["fits"].items()} == {"distilled-s1": 3e-3}
+    exported = read_task_model_info(tmp_path / "m" / "model")  # the distilled start's: the student
     assert (exported.config.arch, exported.config.layers, exported.config.hidden) == ("classic", 1, 384)
     assert load(tmp_path / "m" / "model").get_vocab_size() == 30522  # MiniLM's tokenizer, not ours
-    assert (tmp_path / "m" / "fits" / "pretrained-s1.parquet").is_file()
 
 
 def test_the_transfer_table_says_which_student_was_distilled(tmp_path):
@@ -261,11 +263,11 @@ def test_the_transfer_table_says_which_student_was_distilled(tmp_path):
     scores = {"pretrained": [0.80, 0.82], "distilled": [0.85, 0.86], "scratch": [0.70, 0.72]}
     (metrics / "evaluate_stats.json").write_text(json.dumps({
         "kind": "classification", "metric": "accuracy",
-        "primary": {init: summarize(values) for init, values in scores.items()}}))
-    (metrics / "finetune_stats.json").write_text(json.dumps({"fits": {
-        f"{init}-s{seed}": {"steps": 10, "lr": 1e-3} for init in scores for seed in (1, 2)}}))
+        "primary": {init: summarize(values) for init, values in scores.items()},
+        "fits": {f"{init}-s{seed}": {"accuracy": values[seed - 1], "steps": 10, "lr": 1e-3}
+                 for init, values in scores.items() for seed in (1, 2)}}))
     (metrics / "teacher_stats.json").write_text(json.dumps({
-        "teacher": "all-minilm-l6-v2", "scores": {"checkpoint-s1": {"test": 0.9, "valid": 0.9}}}))
+        "teacher": "all-minilm-l6-v2", "scores": {"teacher-s1": {"test": 0.9, "valid": 0.9}}}))
     for layers, student in (([0, 1], "layers 0, 1 of all-minilm-l6-v2, the teacher's checkpoint"),
                             ([], "the pretrained encoder")):
         transfer_report(["reviews"], tmp_path / "tasks", tmp_path / "transfer.md", tmp_path / "transfer.json",
@@ -273,14 +275,14 @@ def test_the_transfer_table_says_which_student_was_distilled(tmp_path):
         assert f"*distilled*: {student}" in (tmp_path / "transfer.md").read_text()
 
 
-def test_without_the_distilled_start_both_stages_write_an_empty_record(project, tiny_encoder, tmp_path):
+def test_build_transfer_unwanted_writes_an_empty_record(project, tiny_encoder, tmp_path):
+    # The transfer_set stage exists only with the distilled start (pipeline/stages.py), but
+    # build_transfer still takes `wanted`: false writes a record and reads no teacher.
     cfg, distill = _cfg("reviews"), _distill(str(tiny_encoder))
     reviews = project / "tasks" / "reviews"
-    assert fit_teacher("reviews", TASKS["reviews"], cfg, distill, False, project, project / "packages",
-                       reviews, tmp_path / "teacher") == {"teacher": ""}
     assert build_transfer("reviews", TASKS["reviews"], cfg, distill, False, reviews, tiny_encoder,
-                          tmp_path / "teacher", tmp_path / "transfer") == {"transfer": False}
-    written = [p.name for p in (tmp_path / "teacher").iterdir() if not p.name.startswith(".")]
+                          tmp_path / "no-teacher", tmp_path / "transfer") == {"transfer": False}
+    written = [p.name for p in (tmp_path / "transfer").iterdir() if not p.name.startswith(".")]
     assert written == ["bertflow.json"]
 
 
@@ -306,6 +308,7 @@ def test_the_distilled_start_runs_through_the_pipeline_and_its_student_is_the_se
                                                                                             tmp_path):
     import yaml
 
+    from components.core import tracking
     from components.model.metadata import read_task_model_info
     from tests.conftest import make_task_project, run_cli
 
@@ -318,11 +321,21 @@ def test_the_distilled_start_runs_through_the_pipeline_and_its_student_is_the_se
         distill={"teacher": str(tiny_encoder), "corpus_rows": 30})
     out = run_cli("bertflow", "run", cwd=repo).stdout
     ran = [line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["ran"]]
+    client = tracking.client(load_params(repo / "params.yaml").tracking, repo)
     for task in ("reviews", "ner"):
-        assert {f"teacher@{task}", f"transfer_set@{task}", f"finetune@{task}"} <= set(ran)
-        stats = json.loads((repo / "metrics" / "tasks" / task / "finetune_stats.json").read_text())
-        assert set(stats["fits"]) == {"distilled-s1", "pretrained-s1"}
-        assert read_task_model_info(repo / "data" / "models" / "tasks" / task / "model").fit == "distilled-s1"
+        assert {f"teacher@{task}", f"transfer_set@{task}", f"distill@{task}", f"finetune@{task}-pretrained",
+                f"evaluate@{task}"} <= set(ran)
+        metrics = repo / "metrics" / "tasks" / task
+        assert set(json.loads((metrics / "distill_stats.json").read_text())["fits"]) == {"distilled-s1"}
+        assert set(json.loads((metrics / "finetune-pretrained_stats.json").read_text())["fits"]) == \
+            {"pretrained-s1"}
+        assert set(json.loads((metrics / "evaluate_stats.json").read_text())["fits"]) == \
+            {"distilled-s1", "pretrained-s1"}
+        # finetune.init's first start is the registered one: the student.
+        models = repo / "data" / "models" / "tasks" / task
+        assert read_task_model_info(models / "distilled" / "model").fit == "distilled-s1"
+        champion = client.get_model_version_by_alias(task, "champion")
+        assert champion.tags["bertflow.fit"] == "distilled-s1"
     corpus = json.loads((repo / "metrics" / "tasks" / "ner" / "transfer_set_stats.json").read_text())
     assert corpus["corpus_rows"] == 30
     header = (repo / "metrics" / "transfer.md").read_text().split("\n| task |", 1)[1].split("\n")[0]
@@ -334,7 +347,8 @@ def test_the_distilled_start_runs_through_the_pipeline_and_its_student_is_the_se
     params["distill"]["temperature"] = 3.0
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = run_cli("dvc", "status", cwd=repo).stdout
-    assert "finetune@reviews" in status and "teacher@" not in status and "transfer_set@" not in status
+    assert "distill@reviews" in status and "teacher@" not in status and "transfer_set@" not in status
+    assert "finetune@" not in status  # nor the other starts' fits
 
 
 def _load_with_teacher(project, **distill):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import random
 
 import pytest
@@ -258,15 +257,14 @@ def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
     assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps; {said}"
 
 
-def test_what_each_start_cost_is_steps_per_fit_by_init(tmp_path):
-    stats = tmp_path / "finetune_stats.json"
-    fits = {"pretrained-s1": {"steps": 400, "lr": 5e-4}, "pretrained-s2": {"steps": 500, "lr": 5e-4},
-            "scratch-s1": {"steps": 1250, "lr": 1e-3}}
-    stats.write_text(json.dumps({"fits": fits}))
-    steps = arm_steps(fits_by_init(stats))
+def test_what_each_start_cost_is_steps_per_fit_by_init():
+    # evaluate_stats.json's fits: each fit's scores, steps and rate.
+    fits = {"pretrained-s1": {"accuracy": 0.9, "steps": 400, "lr": 5e-4},
+            "pretrained-s2": {"accuracy": 0.8, "steps": 500, "lr": 5e-4},
+            "scratch-s1": {"accuracy": 0.7, "steps": 1250, "lr": 1e-3}}
+    steps = arm_steps(fits_by_init(fits))
     assert steps["pretrained"]["mean"] == 450 and steps["scratch"]["values"] == [1250]
-    assert arm_lr(fits_by_init(stats)) == {"pretrained": 5e-4, "scratch": 1e-3}
-    assert fits_by_init(tmp_path / "missing.json") == {}
+    assert arm_lr(fits_by_init(fits)) == {"pretrained": 5e-4, "scratch": 1e-3}
     rows = [{"task": "a", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": steps},
             {"task": "b", "pretrained": summarize([0.9]), "scratch": summarize([0.8]), "steps": {}}]
     header, cells = cost_cells(rows)

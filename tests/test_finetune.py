@@ -252,7 +252,7 @@ def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_
     # fits over worker processes, which must train and predict exactly what one process does.
     from components.core.config import FinetuneConfig
     from components.data.tasks.prepare import prepare_task
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
     from components.training.workers import threads_per_worker
     from tests.conftest import tree
 
@@ -262,57 +262,26 @@ def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_
     prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
     cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained", "scratch"],
                   batch_size=16, workers=2)
-    spread = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "spread")
+
+    def fits(cfg, out):
+        """Each start's fits into a folder of its own under `out`, as its stage writes them."""
+        return {init: finetune_start("reviews", task, cfg, init=init, task_dir=tmp_path / "task",
+                                     encoder_dir=tiny_encoder, out_dir=out / init) for init in cfg.init}
+
+    spread = fits(cfg, tmp_path / "spread")
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_worker(2))  # each worker's share of the cores
     try:
-        alone = finetune_task("reviews", task, cfg.model_copy(update={"workers": 1}), tmp_path / "task",
-                              tiny_encoder, tmp_path / "alone")
+        alone = fits(cfg.model_copy(update={"workers": 1}), tmp_path / "alone")
     finally:
         torch.set_num_threads(threads)
-    assert (spread.pop("this_run")["workers"], alone.pop("this_run")["workers"]) == (2, 1)
-    # The record names the threads the fits ran on; this process was given a worker's share.
-    assert spread["machine"]["threads"] == threads_per_worker(2)
-    assert spread == alone and len(spread["fits"]) == 4
-    assert tree(tmp_path / "spread") == tree(tmp_path / "alone")  # the exported model and predictions
-
-
-def test_an_inits_fits_with_the_same_key_are_taken_from_another_run_not_trained(tiny_encoder, tmp_path):
-    # A preset fits the default run's starts once: the fits of an init whose key (code, start,
-    # data, settings) matches another run's are copied from there, the rest trained.
-    from components.core.config import FinetuneConfig
-    from components.data.tasks.prepare import prepare_task
-    from components.training.finetune import finetune_task
-
-    _user_files(tmp_path / "user")
-    task = task_config("classification", "user/reviews.csv", columns={"text": "review", "label": "verdict"},
-                       lr=[3e-3, 1e-3], epochs=1)
-    prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
-    cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1, 2], init=["pretrained"], batch_size=16,
-                  workers=1)
-    default = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "default")
-    more = cfg.model_copy(update={"init": ["scratch", "pretrained"], "onnx": not cfg.onnx})
-    preset = finetune_task("reviews", task, more, tmp_path / "task", tiny_encoder, tmp_path / "preset",
-                           reuse_from=[tmp_path / "default"])
-    assert preset["this_run"]["taken"] == "pretrained"
-    assert not any(k.startswith(("pretrained", "search.pretrained")) for k in preset["this_run"])
-    assert {k: v for k, v in preset["fits"].items() if k.startswith("pretrained")} == default["fits"]
-    assert preset["search"]["pretrained"] == default["search"]["pretrained"]
-    for name in ("pretrained-s1.json", "pretrained-s2.parquet", "pretrained-search.json"):
-        assert (tmp_path / "preset" / "fits" / name).read_bytes() == \
-            (tmp_path / "default" / "fits" / name).read_bytes()
-    # A stage's own last output is such a run too (pipeline/stages.py passes it): the folder a
-    # rerun replaces is read before it goes, and only the exported first init trains again.
-    again = finetune_task("reviews", task, more, tmp_path / "task", tiny_encoder, tmp_path / "preset",
-                          reuse_from=[tmp_path / "preset"])
-    assert again["this_run"]["taken"] == "pretrained" and again["fits"] == preset["fits"]
-    # The exported first init is always trained; a setting that reaches the fits (here their
-    # rates: no search) trains them again.
-    assert "scratch-s1.minutes" in preset["this_run"]
-    one_rate = task.model_copy(update={"lr": [3e-3]})
-    other = finetune_task("reviews", one_rate, more.model_copy(update={"seeds": [1]}), tmp_path / "task",
-                          tiny_encoder, tmp_path / "other", reuse_from=[tmp_path / "default"])
-    assert "taken" not in other["this_run"] and "pretrained-s1.minutes" in other["this_run"]
+    for init in cfg.init:
+        assert (spread[init].pop("this_run")["workers"], alone[init].pop("this_run")["workers"]) == (2, 1)
+        # The record names the threads the fits ran on; this process was given a worker's share.
+        assert spread[init]["machine"]["threads"] == threads_per_worker(2)
+        assert set(spread[init]["fits"]) == {f"{init}-s1", f"{init}-s2"}
+    assert spread == alone
+    assert tree(tmp_path / "spread") == tree(tmp_path / "alone")  # the exported models and predictions
 
 
 def _user_files(folder):
@@ -368,7 +337,7 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
     from components.model.decoding import predict
     from components.model.inputs import encode
     from components.model.metadata import read_task_model_info
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
 
     _user_files(tmp_path / "user")
     fast = {"lr": 3e-3, "epochs": 8, "patience": 16}
@@ -384,7 +353,8 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
                                 **{**fast, "epochs": 16}),
         "pos": task_config("token", "user/pos.conll", **fast),  # plain tags (scheme auto)
     }
-    cfg = section(FinetuneConfig, tasks=tasks, seeds=[1, 2], batch_size=16)
+    cfg = section(FinetuneConfig, tasks=tasks, seeds=[1, 2], init=["pretrained", "scratch"], batch_size=16)
+    trained = {}  # each task's fits, as the starts' stages recorded them
     for name, task in tasks.items():
         task_dir, model_dir = tmp_path / "tasks" / name, tmp_path / "models" / name
         prepare_task(name, task, tmp_path, tmp_path / "packages", task_dir)
@@ -393,26 +363,38 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
         crf = name == "pos" or (name == "ner" and arch == "classic")
         task_cfg = cfg.model_copy(update={"crf": crf, "label_subwords":
                                           "first" if name == "pos" else cfg.label_subwords})
-        stats = finetune_task(name, task, task_cfg, task_dir, tiny_encoder, model_dir)
-        assert set(stats["fits"]) == {"pretrained-s1", "pretrained-s2", "scratch-s1", "scratch-s2"}
-        assert {f["lr"] for f in stats["fits"].values()} == set(task.lr)  # one rate: no search
-        assert "search" not in stats
-        if name == "reviews":  # every review is longer than one window
-            assert stats["train_windows"] > stats["train_examples"]
-        this_run = stats.pop("this_run")  # MLflow only, as run_stage does
-        assert set(this_run) == {"workers", *(f"{fit}.minutes" for fit in stats["fits"])}
-        write_json(tmp_path / "metrics" / name / "finetune_stats.json", stats)  # as run_stage does
+        trained[name] = {}
+        for init in cfg.init:  # a stage per start, each into a folder of its own
+            stats = finetune_start(name, task, task_cfg, init=init, task_dir=task_dir,
+                                   encoder_dir=tiny_encoder, out_dir=model_dir / init)
+            assert set(stats["fits"]) == {f"{init}-s1", f"{init}-s2"}
+            assert {f["lr"] for f in stats["fits"].values()} == set(task.lr)  # one rate: no search
+            assert "search" not in stats
+            if name == "reviews":  # every review is longer than one window
+                assert stats["train_windows"] > stats["train_examples"]
+            this_run = stats.pop("this_run")  # MLflow only, as run_stage does
+            assert set(this_run) == {"workers", *(f"{fit}.minutes" for fit in stats["fits"])}
+            assert not any("minutes" in fit for fit in stats["fits"].values())  # wall time is not an output
+            # Every start exports its own first seed.
+            assert read_task_model_info(model_dir / init / "model").fit == f"{init}-s1"
+            trained[name].update(stats["fits"])
         metrics_dir = tmp_path / "metrics" / name
-        evaluated = evaluate_task(name, task, section(EvaluateConfig), task_dir, model_dir, metrics_dir)
+        evaluated = evaluate_task(name, task, section(EvaluateConfig), task_dir,
+                                  {init: model_dir / init for init in cfg.init}, tiny_encoder, metrics_dir)
+        assert evaluated["encoder"] == stats["encoder"]  # what pretraining reached, for the transfer table
         # Learnable by construction: every fit must have learned it, not only the chance level.
+        assert set(evaluated["fits"]) == set(trained[name])
         for fit, metrics in evaluated["fits"].items():
             assert metrics[evaluated["metric"]] > 0.8, (name, fit, metrics)
+            fitted = trained[name][fit]
+            assert (metrics["steps"], metrics["lr"]) == (fitted["steps"], fitted["lr"])
         assert (tmp_path / "metrics" / name / "curves.csv").exists()
         if name == "pos":  # plain tags: a per-tag table and the confusion of the tags
             assert (metrics_dir / "per_class.csv").exists() and (metrics_dir / "confusion.csv").exists()
         write_json(tmp_path / "metrics" / name / "evaluate_stats.json", evaluated)  # as run_stage does
 
         # The exported model reloads from safetensors + bertflow.json and predicts the same.
+        model_dir = model_dir / cfg.init[0]  # the first start's: the one the registry takes
         info = read_task_model_info(model_dir / "model")
         assert info.labels == read_meta(task_dir)["labels"] and info.fit == "pretrained-s1"
         model = task_model(info.config, task.kind, info.space, info.crf, task.max_span_words)
@@ -445,13 +427,12 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
     assert (pos["metric"], pos["baseline_name"]) == ("word_accuracy", "most frequent tag")
     assert pos["baseline"] == pytest.approx(7 / 8, abs=0.05)
     assert pos["baseline"] < pos["pretrained"]["mean"]
-    assert read_task_model_info(tmp_path / "models" / "pos" / "model").scheme == "plain"
+    assert read_task_model_info(tmp_path / "models" / "pos" / "pretrained" / "model").scheme == "plain"
     assert summary["ner"]["baseline_name"] == "most frequent tag" and "*baseline*:" in table
-    # What each start cost: steps per fit, by init, from each task's finetune_stats.json.
-    fits = json.loads((tmp_path / "metrics" / "reviews" / "finetune_stats.json").read_text())["fits"]
+    # What each start cost: steps per fit, by init, as the starts' stages took them (the table
+    # reads them from each task's evaluate_stats.json).
     steps = summary["reviews"]["steps"]
-    assert steps["scratch"]["values"] == [fits[f"scratch-s{s}"]["steps"] for s in (1, 2)]
-    assert not any("minutes" in fit for fit in fits.values())  # wall time is not an output
+    assert steps["scratch"]["values"] == [trained["reviews"][f"scratch-s{s}"]["steps"] for s in (1, 2)]
     cost = table.split("## What each start cost")[1]
     assert "| task | pretrained | from scratch |" in cost and all(f"| {n} |" in cost for n in tasks)
 
@@ -485,7 +466,7 @@ def test_a_tiny_task_trains_its_minimum_steps_and_warns_below_its_baseline(tiny_
     from components.core.config import EvaluateConfig, FinetuneConfig
     from components.data.tasks.prepare import prepare_task
     from components.evaluation.evaluate import evaluate_task
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
 
     rows = ["review,verdict"] + [f"the film number {i} was {'good' if i % 2 else 'awful'},"
                                  f"{'pos' if i % 2 else 'neg'}" for i in range(64)]
@@ -496,10 +477,16 @@ def test_a_tiny_task_trains_its_minimum_steps_and_warns_below_its_baseline(tiny_
     # A rate too small to learn anything: the fits stay at chance, TF-IDF reads the keyword.
     cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], min_steps=12,
                   workers=1)
-    stats = finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "model")
+    stats = finetune_start("reviews", task, cfg, init="pretrained", task_dir=tmp_path / "task",
+                           encoder_dir=tiny_encoder, out_dir=tmp_path / "pretrained")
     assert stats["fits"]["pretrained-s1"]["steps"] >= 12
-    evaluated = evaluate_task("reviews", task, section(EvaluateConfig), tmp_path / "task", tmp_path / "model",
-                              tmp_path / "metrics")
+    # A start of finetune.init whose stage has not run is named, not scored as absent.
+    with pytest.raises(FileNotFoundError, match=r"scratch/fits: no fine-tuning fits of the scratch start"):
+        evaluate_task("reviews", task, section(EvaluateConfig), tmp_path / "task",
+                      {"pretrained": tmp_path / "pretrained", "scratch": tmp_path / "scratch"}, tiny_encoder,
+                      tmp_path / "metrics")
+    evaluated = evaluate_task("reviews", task, section(EvaluateConfig), tmp_path / "task",
+                              {"pretrained": tmp_path / "pretrained"}, tiny_encoder, tmp_path / "metrics")
     assert evaluated["baseline"]["accuracy"] == 1.0
     mean = evaluated["primary"]["pretrained"]["mean"]
     assert evaluated["warning"] == (f"the pretrained fits (accuracy {mean:.4f}) end below the TF-IDF + LR "

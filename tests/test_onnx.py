@@ -82,12 +82,13 @@ def test_finetune_writes_the_graph_and_int8_served_only_where_its_check_passed(t
 
     from components.lifecycle.inference import load_task_model, predict_rows
     from components.lifecycle.registry import save_pyfunc
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
 
     task = _reviews(tmp_path)
     cfg = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"], batch_size=16,
-                  onnx=True, workers=1)
-    finetune_task("reviews", task, cfg, tmp_path / "task", tiny_encoder, tmp_path / "out")
+                  onnx=["pretrained"], workers=1)
+    finetune_start("reviews", task, cfg, init="pretrained", task_dir=tmp_path / "task",
+                   encoder_dir=tiny_encoder, out_dir=tmp_path / "out")
     model_dir = tmp_path / "out" / "model"
     check = json.loads((model_dir / ONNX_DIR / CHECK).read_text())
     assert check["examples"] == 12 and check["agreement"] >= 0.99 and check["refused"] is None

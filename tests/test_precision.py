@@ -76,7 +76,7 @@ def test_lightning_alone_refuses_to_clip_for_the_fused_optimizer_under_bf16():
 def test_both_stages_train_in_bf16_with_clipping(stages_dir, pairs_out, tmp_path):
     from components.core.config import ModelConfig
     from components.data.tasks.prepare import prepare_task
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
     from components.training.pretrain import pretrain
 
     cfg = section(PretrainConfig, precision="bf16-mixed", grad_clip=1.0, max_steps=8, warmup_steps=2,
@@ -93,5 +93,6 @@ def test_both_stages_train_in_bf16_with_clipping(stages_dir, pairs_out, tmp_path
     prepare_task("reviews", task, tmp_path, tmp_path / "packages", tmp_path / "task")
     tune = section(FinetuneConfig, tasks={"reviews": task}, seeds=[1], init=["pretrained"],
                    precision="bf16-mixed", grad_clip=1.0, min_steps=6, workers=1)
-    stats = finetune_task("reviews", task, tune, tmp_path / "task", tmp_path / "encoder", tmp_path / "model")
+    stats = finetune_start("reviews", task, tune, init="pretrained", task_dir=tmp_path / "task",
+                           encoder_dir=tmp_path / "encoder", out_dir=tmp_path / "model")
     assert stats["fits"]["pretrained-s1"]["steps"] >= 6
