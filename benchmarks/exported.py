@@ -19,9 +19,10 @@ def project_option(parser: argparse.ArgumentParser) -> None:
 
 def exported_models(project: Path) -> Iterator[tuple[str, TaskConfig, Path, Path]]:
     """(task name, its settings, its exported model folder, its task data folder) per task of
-    the project's params.yaml whose model exists."""
+    the project's params.yaml whose model exists: the task model of finetune.init's first start,
+    the one the registry takes."""
     p = load_params(project / "params.yaml")
     for name, task in p.finetune.tasks.items():
-        model = project / p.paths.models / "tasks" / name / "model"
+        model = project / p.paths.models / "tasks" / name / p.finetune.init[0] / "model"
         if model.exists():
             yield name, task, model, project / p.paths.tasks / name

@@ -50,14 +50,13 @@ def train(steps: int) -> dict:
     from components.core.machine import cpu_facts
     from components.core.params import load_params
     from components.model.build import build_model
-    from components.model.config import IGNORE, BertConfig
+    from components.model.config import IGNORE
+    from components.training.pretrain import bert_config
 
     p = load_params(ROOT / "params-classic.yaml")  # the classic recipe these rows measure
-    size = p.model.presets[p.model.preset]
     B, T, V = p.pretrain.batch_size, p.pairs.max_seq_len, p.tokenizer.vocab_size
     torch.manual_seed(0)
-    model = build_model(BertConfig(vocab_size=V, hidden=size.hidden, layers=size.layers, heads=size.heads,
-                                   intermediate=size.intermediate, dropout=p.pretrain.dropout)).train()
+    model = build_model(bert_config(p.model, V, p.pretrain)).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     times, loss = [], 0.0

@@ -6,7 +6,7 @@ task splits of a finished run (`data/tasks`), on the same cores, one fit at a ti
   DataCollatorForTokenClassification / WithPadding, the first subword of a word labelled and -100
   elsewhere, 16 a batch, weight decay 0.01, evaluation each epoch and the best epoch kept), with
   the best learning rate of a small grid chosen on validation;
-- bertflow's `finetune_task` with the MiniLM preset's settings for the task (params-minilm.yaml),
+- bertflow's `finetune_start` with the MiniLM preset's settings for the task (params-minilm.yaml),
   starting from the same checkpoint.
 Both are scored by the same functions on the test split (seqeval entity F1; accuracy), test
 once per fit. Wall minutes include data preparation, validation and the test prediction.
@@ -42,7 +42,7 @@ HEADER = ("| task | bertflow test (minutes) | Trainer test (minutes) | lr: bertf
 
 def minilm_encoder(project: Path, packages: Path, work: Path) -> tuple[Path, Path]:
     """The checkpoint's own folder (transformers reads it) and the same weights as a bertflow
-    encoder folder (what `finetune_task` starts from)."""
+    encoder folder (what `finetune_start` starts from)."""
     from components.model.checkpoint import import_checkpoint
     from components.model.metadata import EncoderInfo, read_checkpoint_info, write_info
     from components.model.packaged import source_dir
@@ -59,15 +59,15 @@ def bertflow_fit(name: str, p, task_dir: Path, encoder: Path, seed: int, work: P
 
     from components.data.tasks.folder import read_meta, read_split
     from components.evaluation.metrics import primary_metric, score_predictions
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
 
     task = p.finetune.tasks[name]
     # fp32 like the Trainer beside it (`auto` would take bf16 on an AMX CPU)
-    cfg = p.finetune.model_copy(update={"init": ["pretrained"], "seeds": [seed], "workers": 1,
-                                        "precision": "32-true"})
+    cfg = p.finetune.model_copy(update={"seeds": [seed], "workers": 1, "precision": "32-true"})
     out = work / f"bertflow-{name}-{seed}"
     start = time.perf_counter()
-    stats = finetune_task(name, task, cfg, task_dir, encoder, out)
+    stats = finetune_start(name, task, cfg, init="pretrained", task_dir=task_dir, encoder_dir=encoder,
+                           out_dir=out)
     meta = read_meta(task_dir)
     scheme = meta.get("scheme", "")
     (fit,) = stats["fits"].values()

@@ -35,19 +35,19 @@ NOMINAL_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, 
 
 
 def encoders(tiny: bool, vocab: int) -> list[tuple[str, BertConfig]]:
-    """The classic and modern shapes to time: params.yaml's base presets (tiny: its tiny one)."""
+    """The classic and modern shapes to time: params.yaml's base presets (tiny: its tiny one),
+    BERT's post-norm block and ModernBERT's with params.yaml's model settings, plain MLM heads."""
+    from components.training.pretrain import bert_config
+
     p = load_params(ROOT / "params.yaml")
-    m = p.model
 
-    def of(preset: str) -> BertConfig:
-        size = m.presets[preset]
-        return BertConfig(vocab_size=vocab, hidden=size.hidden, layers=size.layers, heads=size.heads,
-                          intermediate=size.intermediate, dropout=0.0, max_position=8192)
+    def of(preset: str, arch: str) -> BertConfig:
+        model = p.model.model_copy(update={"preset": preset, "arch": arch, "norm": "post"})
+        return replace(bert_config(model, vocab, p.pretrain), dropout=0.0, max_position=8192, sbo=False,
+                       rtd=False, position_init="random")
 
-    modern = replace(of("tiny" if tiny else "modern-base"), arch="modern", layer_norm_eps=1e-5,
-                     local_window=m.local_window, global_every=m.global_every,
-                     rope_base_global=m.rope_base_global, rope_base_local=m.rope_base_local)
-    return [("classic", of("tiny" if tiny else "base")), ("modern", modern)]
+    return [("classic", of("tiny" if tiny else "base", "classic")),
+            ("modern", of("tiny" if tiny else "modern-base", "modern"))]
 
 
 def pretraining_rows(device: str, tiny: bool, steps: int) -> list[dict]:
@@ -84,8 +84,9 @@ def _tokenizer(texts: list[str], out: Path) -> None:
 
 
 def finetune_and_export(tiny: bool, root: Path) -> dict:
-    """Two fits (pretrained, scratch) of a modern encoder on a made-up review task, through the
-    pipeline's finetune_task; then the encoder's export in transformers, logits compared."""
+    """Two fits (the pretrained and the scratch start, one seed each) of a modern encoder on a
+    made-up review task, through the pipeline's finetune_start; then the encoder's export in
+    transformers, logits compared."""
     from transformers import AutoModelForMaskedLM
 
     from components.core.config import TaskConfig
@@ -93,7 +94,7 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
     from components.model.build import build_model
     from components.model.folders import write_encoder
     from components.model.metadata import EncoderInfo
-    from components.training.finetune import finetune_task
+    from components.training.finetune import finetune_start
 
     words = ["good", "great", "fine", "awful", "poor", "dull"]
     rows = [(f"the film number {i} was {words[i % 6]} and long", "pos" if i % 6 < 3 else "neg")
@@ -115,15 +116,20 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
         delta = (ours - theirs.eval()(input_ids=ids).logits).abs().max().item()
 
     p = load_params(ROOT / "params.yaml")
-    task = TaskConfig(kind="classification", source="reviews.csv")
+    # params.yaml's task settings, at its first rate (no search) for two epochs.
+    task = TaskConfig.model_validate({**p.finetune.task_defaults.model_dump(), "kind": "classification",
+                                      "source": "reviews.csv", "lr": p.finetune.task_defaults.lr[:1],
+                                      "epochs": 2})
     prepare_task("reviews", task, root, root / "packages", root / "task")
-    cfg = p.finetune.model_copy(update={"tasks": {"reviews": task}, "seeds": [1], "lr_grid": [],
-                                        "init": ["pretrained", "scratch"], "epochs": 2, "workers": 1})
+    cfg = p.finetune.model_copy(update={"tasks": {"reviews": task}, "seeds": [1], "workers": 1})
     began = time.perf_counter()
-    stats = finetune_task("reviews", task, cfg, root / "task", root / "encoder", root / "model")
+    fits = {}
+    for init in ("pretrained", "scratch"):  # a start each, as their stages run them
+        fits.update(finetune_start("reviews", task, cfg, init=init, task_dir=root / "task",
+                                   encoder_dir=root / "encoder", out_dir=root / init)["fits"])
     return {"export_missing": sorted(loading["missing_keys"]),
             "export_unexpected": sorted(loading["unexpected_keys"]), "export_max_logit_delta": delta,
-            "fits_seconds": time.perf_counter() - began, "fits": stats["fits"]}
+            "fits_seconds": time.perf_counter() - began, "fits": fits}
 
 
 def record(report: dict) -> str:
@@ -148,7 +154,7 @@ def record(report: dict) -> str:
         "| encoder | tokens × batch | ours tokens/s | transformers tokens/s | ratio | matmul TFLOP/s "
         "| MFU (measured) | MFU (nominal) |",
         "|---|---|---|---|---|---|---|---|", *rows, "",
-        f"Fine-tuning through `finetune_task` (precision `auto`: bf16-mixed; a modern base-size encoder, "
+        f"Fine-tuning through `finetune_start` (precision `auto`: bf16-mixed; a modern base-size encoder, "
         f"2 fits of {f['fits']['pretrained-s1']['steps']} steps): {f['fits_seconds']:.0f} s for both; the "
         f"export loads in transformers with {len(f['export_missing'])} missing and "
         f"{len(f['export_unexpected'])} unexpected keys, logits within "

@@ -1,7 +1,7 @@
-"""The int8 check of every task's exported model, as `finetune.onnx` runs it in the finetune
-stage (components.model.onnx_model.write_onnx): the ONNX graph, its int8 twin, and how the
-int8 model's answers on the test split compare with the fp32 torch model's; with the seconds
-the export, the quantization and the check took.
+"""The int8 check of every task's exported model (finetune.init's first start's), as the
+finetune stage runs it with `finetune.onnx` (components.model.onnx_model.write_onnx): the ONNX
+graph, its int8 twin, and how the int8 model's answers on the test split compare with the fp32
+torch model's; with the seconds the export, the quantization and the check took.
 
 Usage:  python -m benchmarks.checks.int8_check [--project DIR]   (DIR: a project that ran `make run`)
 Writes the "int8 check" section of benchmarks/RESULTS.md.
@@ -18,6 +18,7 @@ import torch
 
 from benchmarks.exported import exported_models, project_option
 from benchmarks.results import measured, write_section
+from components.core.params import load_params
 from components.data.tasks.folder import read_split
 from components.evaluation.metrics import primary_metric
 from components.lifecycle.inference import load_task_model
@@ -60,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     project_option(parser)
     args = parser.parse_args()
+    start = load_params(args.project / "params.yaml").finetune.init[0]  # exported_models' start
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, _, model, task_dir in exported_models(args.project):
@@ -71,9 +73,10 @@ def main() -> None:
     write_section("\n".join([
         SECTION, "", measured(), "",
         f"Reproduce: `python -m benchmarks.checks.int8_check` after `make run` ({torch.get_num_threads()} "
-        "threads; what `finetune.onnx: true` checks in the finetune stage). Each task's exported "
-        "model (pretrained, first seed) on its test split: the share of examples whose int8 answer "
-        "(label, tag sequence, spans) equals the fp32 torch model's, and the metric of each. "
+        "threads; the check the finetune stage runs with `finetune.onnx`). Each task's exported "
+        f"model (finetune.init's first start, {start}; first seed) on its test split: the share of "
+        "examples whose int8 answer (label, tag sequence, spans) equals the fp32 torch model's, and the "
+        "metric of each. "
         "int8 is served only at ≥ 99% agreement and at most 0.5 point lower.", "",
         "| task | test examples | agreement | metric | fp32 | int8 | int8 | seconds (export, "
         "quantize, check) |",

@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks.exported import project_option
 from benchmarks.results import measured, write_section
 from components.core.params import load_params
-from components.training.finetune import finetune_task, learning_rates
+from components.training.finetune import distill_student, finetune_start
 from components.training.student import student_encoder
 from components.training.transfer_set import build_transfer
 
@@ -41,19 +41,22 @@ def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -
     """One start's fits of task `name` (seeds of finetune.seeds) under `change`: their best
     validation scores, steps, and the minutes of the transfer set and the fits together."""
     task = p.finetune.tasks[name]
-    task = task.model_copy(update={"lr": learning_rates(task, p.finetune)[0], "lr_grid": [],
-                                   **{k: change[k] for k in TASK_KEYS if k in change}})
+    task = task.model_copy(update={"lr": task.lr[:1], **{k: change[k] for k in TASK_KEYS if k in change}})
     distill = p.distill.model_copy(update={k: v for k, v in change.items() if k not in TASK_KEYS})
-    cfg = p.finetune.model_copy(update={"init": [init], "onnx": False})
+    cfg = p.finetune.model_copy(update={"onnx": []})  # no start's ONNX graph
     models, task_dir = root / p.paths.models, root / p.paths.tasks / name
     start = time.perf_counter()
-    transfer = work / "transfer"
-    if init == "distilled":
+    if init == "pretrained":
+        stats = finetune_start(name, task, cfg, init=init, task_dir=task_dir, encoder_dir=models / "encoder",
+                               out_dir=work / "fits")
+    else:  # the distilled start, as transfer_set@task and distill@task run it
+        transfer = work / "transfer"
         build_transfer(name, task, cfg, distill, True, task_dir, models / "encoder",
                        models / "teachers" / name, transfer, root / p.paths.clean)
-    with student_encoder(distill, init == "distilled", root, root / p.paths.packages) as student:
-        stats = finetune_task(name, task, cfg, task_dir, models / "encoder", work / "fits", distill=distill,
-                              transfer_dir=transfer, student_dir=student)
+        with student_encoder(distill, root, root / p.paths.packages) as student:
+            stats = distill_student(name, task, cfg, distill, task_dir=task_dir,
+                                    encoder_dir=models / "encoder", transfer_dir=transfer,
+                                    out_dir=work / "fits", student_dir=student)
     fits = list(stats["fits"].values())
     return {"valid": [f["best_val_metric"] for f in fits], "steps": [f["steps"] for f in fits],
             "minutes": (time.perf_counter() - start) / 60}

@@ -43,12 +43,14 @@ RECIPES = {"per matrix, embeddings too": onnxruntime_default, "per column, produ
 
 
 def models(project: Path, params: str) -> list[tuple[str, Path, Path]]:
-    """(name, model folder, task data folder) of each exported task model and teacher."""
+    """(name, model folder, task data folder) of each exported task model (finetune.init's first
+    start's, the one the registry takes) and teacher."""
     p = load_params(project / params)
     found = []
     for kind in ("tasks", "teachers"):
         for task in p.finetune.tasks:
-            model = project / p.paths.models / kind / task / "model"
+            folder = project / p.paths.models / kind / task
+            model = (folder / p.finetune.init[0] if kind == "tasks" else folder) / "model"
             if model.exists():
                 found.append((f"{task} ({'teacher' if kind == 'teachers' else 'exported'})", model,
                               project / p.paths.tasks / task))

@@ -41,7 +41,8 @@ def main() -> None:
     project_option(parser)
     args = parser.parse_args()
     p = load_params(args.project / "params.yaml")
-    task, cfg = p.finetune.tasks[TASK], p.finetune.model_copy(update={"seeds": args.seeds, "lr_grid": []})
+    # The probe's fits train at the task's first rate (no search).
+    task, cfg = p.finetune.tasks[TASK], p.finetune.model_copy(update={"seeds": args.seeds})
     rows, encoders = [], dict(e.split("=", 1) for e in args.encoder)
     for name, folder in encoders.items():
         for length in args.lengths:
@@ -63,8 +64,8 @@ def main() -> None:
         "side as the finetune stage runs them; each DIR an encoder folder).",
         "",
         f"{TASK} (whole articles in overlapping windows, the mean of a row's windows' logits), each "
-        f"encoder and window length fine-tuned at the task's protocol ({task.epochs or cfg.epochs} epoch, "
-        f"lr {task.lr or cfg.lr:g}, overlap {task.chunk_overlap} tokens), seeds "
+        f"encoder and window length fine-tuned at the task's protocol ({task.epochs} epoch, "
+        f"lr {task.lr[0]:g}, overlap {task.chunk_overlap} tokens), seeds "
         f"{', '.join(map(str, args.seeds))}: best validation accuracy of each seed, their mean ± std. "
         "The test split is not read.",
         "",

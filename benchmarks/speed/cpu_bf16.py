@@ -4,7 +4,7 @@ interleaved in one run (the pretraining step's bf16 rows are pretrain_throughput
 On CPUs with AMX (`amx_bf16`: Sapphire Rapids and later) bf16 matrix products run several times
 the fp32 rate; on AVX-512 CPUs without it, bf16 is emulated and far slower. Both rates are
 measured here too. Steps: the default preset's encoder with a classification head on a batch of
-`finetune.batch_size` × `finetune.max_seq_len`, and the token head on the same batch; AdamW.
+`finetune.batch_size` × `finetune.task_defaults.max_seq_len`, and the token head on the same batch; AdamW.
 
 Usage:  python -m benchmarks.speed.cpu_bf16 [--steps 12]
 Writes the "bf16 on CPU" section of benchmarks/RESULTS.md.
@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from components.core.params import load_params
 from components.model.build import task_model
 from components.model.config import BertConfig
 from components.training.common import has_amx
+from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
@@ -58,10 +60,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
     p = load_params(ROOT / "params-classic.yaml")  # the classic recipe these rows measure
-    size = p.model.presets[p.model.preset]
-    cfg = BertConfig(vocab_size=p.tokenizer.vocab_size, hidden=size.hidden, layers=size.layers,
-                     heads=size.heads, intermediate=size.intermediate, dropout=p.model.dropout)
-    B, T = p.finetune.batch_size, p.finetune.max_seq_len
+    # The encoder as fine-tuning trains it: the fine-tuning dropout.
+    cfg = replace(bert_config(p.model, p.tokenizer.vocab_size, p.pretrain), dropout=p.model.dropout)
+    B, T = p.finetune.batch_size, p.finetune.task_defaults.max_seq_len
     rows = []
     for kind in ("classification", "token"):
         steps = {prec: step_of(kind, cfg, B, T, prec == "bf16") for prec in ("fp32", "bf16")}

@@ -1,9 +1,10 @@
 """Fine-tuning throughput against pretraining throughput, both from one pipeline run.
 
-For each task: the subword tokens its fits trained on (each training example's length, windows
-for `long_text: chunks`, times the epochs each fit ran: steps over the steps of an epoch) over
-the wall seconds of its `finetune@TASK` stage (its fits two at a time on two cores, validation,
-data and process start-up included); against the pretrain stage's tokens over its wall seconds
+For each task and start of finetune.init (pretrained, scratch, checkpoint, adapted): the subword
+tokens its fits trained on (each training example's length, windows for `long_text: chunks`,
+times the epochs each fit ran: steps over the steps of an epoch) over the wall seconds of its
+`finetune@TASK-START` stage (its fits two at a time on two cores, validation, data and process
+start-up included); against the pretrain stage's tokens over its wall seconds
 (validation and snapshots included), on the same machine in the same run. A ratio near 1 means
 fine-tuning spends its minutes training, as pretraining does; what it costs is where its steps go.
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.results import write_section
 from components.core.params import load_params
+from components.training.finetune import STARTS
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
@@ -44,9 +46,9 @@ def stage_seconds(project: Path, p) -> dict[str, float]:
     return seconds
 
 
-def trained_tokens(project: Path, name: str, p) -> tuple[float, int]:
-    """Subword tokens the task's fits trained on, summed over its fits, and the fit count; a
-    learning-rate search's losing trials count as fits (the winner is its start's first fit)."""
+def epoch_tokens(project: Path, name: str, p, max_len: int) -> tuple[int, int]:
+    """Subword tokens of one epoch of the task's training split (as the encoder's tokenizer
+    encodes it for the fits, at `max_len`), and the steps of an epoch."""
     from components.data.tasks.folder import read_meta, read_split
     from components.model.folders import load_tokenizer
     from components.model.inputs import encode
@@ -54,18 +56,22 @@ def trained_tokens(project: Path, name: str, p) -> tuple[float, int]:
 
     task, cfg = p.finetune.tasks[name], p.finetune
     task_dir, encoder_dir = project / p.paths.tasks / name, project / p.paths.models / "encoder"
-    stats = json.loads((project / p.paths.metrics / "tasks" / name / "finetune_stats.json").read_text())
     bert = read_encoder_info(encoder_dir).config
     meta = read_meta(task_dir)
     tokenizer = load_tokenizer(encoder_dir, bert)
-    train = encode(read_split(task_dir, "train"), task.kind, tokenizer, meta["labels"], stats["max_seq_len"],
+    train = encode(read_split(task_dir, "train"), task.kind, tokenizer, meta["labels"], max_len,
                    task.long_text, cfg.label_subwords, task.max_span_words, meta.get("scheme", ""),
                    task.chunk_overlap)
-    per_epoch = sum(len(e.ids) for e in train)
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    return sum(len(e.ids) for e in train), math.ceil(len(train) / cfg.batch_size)
+
+
+def trained_tokens(stats: dict, per_epoch: int, steps_per_epoch: int) -> tuple[float, int]:
+    """Subword tokens a start's fits trained on (its stage's stats), summed over its fits, and
+    the fit count; a learning-rate search's losing trials count as fits (the winner is the
+    start's first fit)."""
+    search = stats.get("search")
     fits = list(stats["fits"].values()) + [
-        trial for search in stats.get("search", {}).values()
-        for rate, trial in search["trials"].items() if rate != f"{search['lr']:g}"]
+        trial for rate, trial in (search["trials"].items() if search else ()) if rate != f"{search['lr']:g}"]
     return sum(per_epoch * f["steps"] / steps_per_epoch for f in fits), len(fits)
 
 
@@ -82,14 +88,19 @@ def main() -> None:
             f"{base:,.0f} | 1.00 |"]
     total_tokens = total_seconds = 0.0
     for name in p.finetune.tasks:
-        stage = f"finetune@{name}"
-        if stage not in seconds:
-            continue
-        tokens, n = trained_tokens(project, name, p)
-        rate = tokens / seconds[stage]
-        total_tokens, total_seconds = total_tokens + tokens, total_seconds + seconds[stage]
-        rows.append(f"| {stage} ({n} fits) | {tokens / 1e6:.1f} M | {seconds[stage] / 60:.1f} | "
-                    f"{rate:,.0f} | {rate / base:.2f} |")
+        epoch = None  # the same for every start: the encoder's tokenizer and shape
+        for start in p.finetune.init:
+            stage = f"finetune@{name}-{start}"  # the distilled start trains on its transfer set: not here
+            if start not in STARTS or stage not in seconds:
+                continue
+            stats = json.loads((project / p.paths.metrics / "tasks" / name / f"finetune-{start}_stats.json")
+                               .read_text())
+            epoch = epoch or epoch_tokens(project, name, p, stats["max_seq_len"])
+            tokens, n = trained_tokens(stats, *epoch)
+            rate = tokens / seconds[stage]
+            total_tokens, total_seconds = total_tokens + tokens, total_seconds + seconds[stage]
+            rows.append(f"| {stage} ({n} fits) | {tokens / 1e6:.1f} M | {seconds[stage] / 60:.1f} | "
+                        f"{rate:,.0f} | {rate / base:.2f} |")
     rows.append(f"| all fine-tuning | {total_tokens / 1e6:.1f} M | {total_seconds / 60:.1f} | "
                 f"{total_tokens / total_seconds:,.0f} | **{total_tokens / total_seconds / base:.2f}** |")
     text = "\n".join([

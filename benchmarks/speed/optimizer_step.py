@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from components.model.build import build_model
 from components.model.config import IGNORE, BertConfig
 from components.training.common import adamw
 from components.training.finetune_module import loss_of
+from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
@@ -81,8 +83,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per implementation")
     args = parser.parse_args()
     size = p.model.presets[args.preset]
-    cfg = BertConfig(vocab_size=p.tokenizer.vocab_size, hidden=size.hidden, layers=size.layers,
-                     heads=size.heads, intermediate=size.intermediate, dropout=0.1, norm="post")
+    model = p.model.model_copy(update={"preset": args.preset})
+    cfg = replace(bert_config(model, p.tokenizer.vocab_size, p.pretrain), dropout=0.1, norm="post")
     cores = torch.get_num_threads()
     shapes = [("fine-tuning, token head", "token", p.finetune.batch_size, 32, 1),
               ("pretraining, MLM + NSP", "pretraining", p.pretrain.batch_size, p.pairs.max_seq_len, cores)]

@@ -12,10 +12,10 @@ like ours (padding to the longest of each batch).
 
 Usage:  python -m benchmarks.speed.predict_throughput [--task movie-sentiment] [--sentences 2000]
                                                 [--params params-distill.yaml]
-Needs the task's exported model (`make run`, or `bertflow run -p params-distill.yaml`: its
-exported model is the distilled student). Writes the "Batch prediction" section of
-benchmarks/RESULTS.md (with --params params-distill.yaml, "Batch prediction: distilled student
-and teacher").
+Needs the task model of finetune.init's first start (`make run`, or `bertflow run -p
+params-distill.yaml`: its first start is the distilled student). Writes the "Batch prediction"
+section of benchmarks/RESULTS.md (with --params params-distill.yaml, "Batch prediction:
+distilled student and teacher").
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def main() -> None:
     p = load_params(args.project / args.params)
     task_dir = args.project / p.paths.tasks / args.task
     models_dir = args.project / p.paths.models
-    model_dir, scores = with_int8_check(models_dir / "tasks" / args.task / "model", task_dir)
+    start = p.finetune.init[0]  # the start whose task model the registry takes
+    model_dir, scores = with_int8_check(models_dir / "tasks" / args.task / start / "model", task_dir)
     teacher = models_dir / "teachers" / args.task / "model"
     teacher_dir, teacher_scores = with_int8_check(teacher, task_dir) if teacher.exists() else (None, None)
     texts = sentences(task_dir, args.sentences)

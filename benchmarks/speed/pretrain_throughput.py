@@ -25,11 +25,12 @@ import torch
 
 from benchmarks.results import measured, write_section
 from components.core.params import load_params
+from components.model.arch import arch_of
 from components.model.build import build_model
 from components.model.config import IGNORE, BertConfig
-from components.model.hf_layout import hf_config
 from components.model.pretraining import count_flops_per_token
 from components.training.common import has_amx
+from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
@@ -61,9 +62,9 @@ def transformers_twin(cfg: BertConfig):
     from transformers import BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM
 
     if cfg.arch == "modern":
-        hf = ModernBertConfig(**{**hf_config(cfg), "sparse_prediction": True})
+        hf = ModernBertConfig(**{**arch_of(cfg).hf_config(cfg), "sparse_prediction": True})
         return ModernBertForMaskedLM._from_config(hf, attn_implementation="sdpa")
-    return BertForPreTraining._from_config(HFBert(**hf_config(cfg)), attn_implementation="sdpa")
+    return BertForPreTraining._from_config(HFBert(**arch_of(cfg).hf_config(cfg)), attn_implementation="sdpa")
 
 
 def pair_steps(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bool, device: str = "cpu"):
@@ -140,8 +141,8 @@ def main() -> None:
 
     size = p.model.presets[args.preset]
     B, T, V = p.pretrain.batch_size, p.pairs.max_seq_len, p.tokenizer.vocab_size
-    classic = BertConfig(vocab_size=V, hidden=size.hidden, layers=size.layers, heads=size.heads,
-                         intermediate=size.intermediate, dropout=p.pretrain.dropout, norm="post")
+    classic = replace(bert_config(p.model.model_copy(update={"preset": args.preset}), V, p.pretrain),
+                      norm="post", sbo=False, rtd=False)
     m = p.model
     modern = replace(classic, arch="modern", layer_norm_eps=1e-5, local_window=m.local_window,
                      global_every=m.global_every, rope_base_global=m.rope_base_global,
