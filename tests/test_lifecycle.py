@@ -44,7 +44,8 @@ TASKS = {
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A DVC project with one task of each kind, run once by `bertflow run` (tiny model)."""
-    repo = make_task_project(tmp_path_factory.mktemp("lifecycle") / "project", TASKS, finetune={"onnx": True})
+    repo = make_task_project(tmp_path_factory.mktemp("lifecycle") / "project", TASKS,
+                             finetune={"onnx": ["pretrained"]})
     run_cli("bertflow", "run", cwd=repo)
     return repo
 
@@ -89,7 +90,7 @@ def test_a_run_registers_a_champion_per_task_that_answers_raw_text(project):
                                                          ("classification", "pair") else "entity_f1")
         # Lineage: the data versions are dvc.lock's, and the encoder version is the one it started from.
         data = f"data/tasks/{task}"
-        assert champion.tags[f"dvc.{data}"] == _lock(project, f"finetune@{task}", data)
+        assert champion.tags[f"dvc.{data}"] == _lock(project, f"finetune@{task}-pretrained", data)
         encoder = client.get_model_version("encoder", champion.tags["bertflow.encoder_version"])
         assert encoder.tags["dvc.data/models/encoder"] == champion.tags["dvc.data/models/encoder"]
         assert encoder.tags["dvc.data/pairs"] == _lock(project, "pretrain", "data/pairs")
@@ -120,26 +121,27 @@ def test_a_run_registers_a_champion_per_task_that_answers_raw_text(project):
 
     chain = run_cli("bertflow", "lineage", "ner@champion", cwd=project).stdout
     assert _lock(project, "pretrain", "data/pairs") in chain
-    assert _lock(project, "finetune@ner", "data/tasks/ner") in chain
+    assert _lock(project, "finetune@ner-pretrained", "data/tasks/ner") in chain
     assert "<- encoder version" in chain
 
 
 def test_the_learning_rate_is_chosen_on_validation_and_every_trial_is_a_child_run(project):
-    stats = json.loads((project / "metrics" / "tasks" / "same-topic" / "finetune_stats.json").read_text())
-    search = stats["search"]["pretrained"]
+    stats = json.loads((project / "metrics" / "tasks" / "same-topic" / "finetune-pretrained_stats.json")
+                       .read_text())
+    search = stats["search"]
     assert search["lr"] == 0.003 and set(search["trials"]) == {"1e-06", "0.003"}
     assert search["trials"]["0.003"]["best_val_metric"] > search["trials"]["1e-06"]["best_val_metric"]
     # The winning trial is the first seed's fit: no second training, the same validation record.
     (fit,) = stats["fits"].values()
     assert fit == {"lr": 0.003, **search["trials"]["0.003"]}
-    fits = project / "data/models/tasks/same-topic/fits"
+    fits = project / "data/models/tasks/same-topic/pretrained/fits"
     assert sorted(p.name for p in fits.iterdir()) == \
         ["pretrained-s1.json", "pretrained-s1.parquet", "pretrained-search.json"]  # no losing trial's
-    assert json.loads((fits / "pretrained-search.json").read_text()) == search  # taken with the fits
+    assert json.loads((fits / "pretrained-search.json").read_text()) == search  # kept with the fits
 
     client = _client(project)
     (stage,) = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id],
-                                  "attributes.run_name = 'finetune@same-topic'")
+                                  "attributes.run_name = 'finetune@same-topic-pretrained'")
     trials = client.search_runs([stage.info.experiment_id],
                                 f"tags.`mlflow.parentRunId` = '{stage.info.run_id}'")
     assert {(t.data.params["lr"], t.data.tags["bertflow.lr_chosen"]) for t in trials} == \
@@ -163,8 +165,9 @@ def test_nothing_changed_registers_nothing_and_a_worse_model_stays_candidate(pro
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _commit(project, "a worse reviews model")
     ran = [n for n, s in _statuses(run_cli("bertflow", "run", cwd=project).stdout).items() if s == "ran"]
-    assert ran == ["task_data@reviews", "adapt@reviews", "teacher@reviews", "transfer_set@reviews",
-                   "finetune@reviews", "evaluate@reviews", "transfer", "registry"]
+    # Only the stages of the starts in finetune.init exist (here pretrained alone).
+    assert ran == ["task_data@reviews", "finetune@reviews-pretrained", "evaluate@reviews", "transfer",
+                   "registry"]
     champion = client.get_model_version_by_alias("reviews", "champion")
     candidate = client.get_model_version_by_alias("reviews", "candidate")
     assert (str(champion.version), str(candidate.version)) == ("1", "2")
@@ -335,7 +338,8 @@ def test_dvc_push_then_pull_in_a_fresh_clone_recomputes_nothing(project, tmp_pat
     run_cli("dvc", "remote", "modify", "--local", "local", "url", str(project / ".dvc-storage"), cwd=clone)
     run_cli("dvc", "pull", cwd=clone)
     assert "up to date" in run_cli("dvc", "status", cwd=clone).stdout
-    for path in ("data/models/tasks/ner/model/model.safetensors", "data/models/encoder/model.safetensors"):
+    for path in ("data/models/tasks/ner/pretrained/model/model.safetensors",
+                 "data/models/encoder/model.safetensors"):
         assert (clone / path).read_bytes() == (project / path).read_bytes()
     statuses = _statuses(run_cli("bertflow", "run", cwd=clone).stdout)
     assert {s for n, s in statuses.items() if n != "registry"} == {"skipped"}
@@ -454,7 +458,8 @@ def _checkout_versions(repo: Path) -> dict[str, str]:
     models = repo / load_params(repo / "params.yaml").paths.models
     client = _client(repo)
     out = {}
-    for name, folder in (("encoder", models / "encoder"), ("reviews", models / "tasks/reviews/model")):
+    for name, folder in (("encoder", models / "encoder"),
+                         ("reviews", models / "tasks/reviews/pretrained/model")):
         sha = registry.model_sha256(folder)
         (version,) = [v.version for v in client.search_model_versions(f"name='{name}'")
                       if v.tags.get(registry.SHA) == sha]
@@ -534,10 +539,11 @@ def test_a_clone_with_dvc_pull_and_registry_sync_has_the_same_champions_and_pred
     assert _predict(clone) == _predict(project, f"models:/reviews/{committed['reviews']}")
 
     # A model folder that is not dvc.lock's would get dvc.lock's lineage: refused, by name.
-    with (clone / "data/models/tasks/reviews/model/bertflow.json").open("a") as f:
+    with (clone / "data/models/tasks/reviews/pretrained/model/bertflow.json").open("a") as f:
         f.write(" ")
     refused = run_cli("bertflow", "registry", "sync", cwd=clone, check=False)
-    assert refused.returncode == 1 and "data/models/tasks/reviews: differs from dvc.lock" in refused.stderr
+    assert refused.returncode == 1 and \
+        "data/models/tasks/reviews/pretrained: differs from dvc.lock" in refused.stderr
     run_cli("dvc", "checkout", "--force", cwd=clone)
     # Idempotent: a second sync registers nothing (versions are found by content hash).
     again = run_cli("bertflow", "registry", "sync", cwd=clone).stdout
