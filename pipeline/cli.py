@@ -38,7 +38,8 @@ def run(
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.tracking import check_store
     from pipeline.ops.prefect_server import api_for_run
-    from pipeline.presets import preset_shares
+    from pipeline.pipelines import is_preset
+    from pipeline.presets import owners
     from pipeline.stages import check_outputs_owned, plan
 
     if task and until:
@@ -47,7 +48,8 @@ def run(
     p = load_params(params)
     # refuse bad params, a bad stage, a moved store or no API before Prefect starts
     check_outputs_owned(p, params.resolve().parent, plan(p, until))
-    preset_shares(params, p, until)  # a preset writing over the default run's outputs
+    if is_preset(params):  # refused if it would write over its base's outputs
+        owners(params, until)
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     api_for_run()  # a configured API that does not answer, or a temporary one slow to start
@@ -67,17 +69,18 @@ def stage(
                                             "instead of refusing.")] = False,
 ) -> None:
     """Run one stage (what dvc.yaml calls), under the project lock a run holds."""
-    from pipeline import presets
+    from pipeline import pipelines, presets
     from pipeline.ops.lock import project_lock
     from pipeline.ops.signals import ends_on_sigterm
-    from pipeline.stages import PARENT_RUN_ENV, check_outputs_owned, distributed_rank, run_stage, split_name
+    from pipeline.stages import check_outputs_owned, distributed_rank, run_stage, split_name
 
     split_name(name)  # a clear error for an unknown stage or a missing task
     root = params.resolve().parent
     p = load_params(params)
     # bad params, paths or folders that are not the stages' own: refused, nothing written
     check_outputs_owned(p, root, [name])
-    presets.preset_shares(params, p, name)  # a preset writing over the default run's outputs
+    if pipelines.is_preset(params):  # refused if it would write over its base's outputs
+        presets.owners(params, name)
     check_checkout(root)
     if distributed_rank() != 0:  # another rank of a distributed run: it only computes
         run_stage(name, params, p=p)
@@ -85,9 +88,6 @@ def stage(
     # SIGTERM ends the stage as a failure: its MLflow run FAILED, its temp outputs removed, exit 143
     with project_lock(root, wait, what=f"bertflow stage {name}"), ends_on_sigterm():
         run_stage(name, params, p=p)
-        # A preset's stage run by hand goes into its books, as the flow enters the stages it runs.
-        if presets.is_preset(params) and not os.environ.get(PARENT_RUN_ENV):
-            presets.record(root, params.resolve(), name, p)
 
 
 registry_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: a champion per task.")

@@ -118,7 +118,7 @@ def render(p: Params) -> str:
         refs = ({"{task}": "${item.task}", "{start}": "${item.start}", "{weights}": "${item.weights}"}
                 if stage.per_start else {"{task}": "${key}"} if stage.per_task else {})
         source = ["${item}"] if name == "task_data" else sources.get(name, [])
-        body = _body(stage, p, lambda t, refs=refs: _fill(t, refs), source,
+        body = entry(stage, p, lambda t, refs=refs: _fill(t, refs), source,
                      [f"  - {_fill(k, refs)}" for k in stage.params],
                      f"bertflow stage {name}" + ("@${key}" if stage.per_task else ""))
         if stage.per_task:
@@ -136,8 +136,9 @@ def _fill(template: str, refs: dict[str, str]) -> str:
     return template
 
 
-def _body(stage, p: Params, fill, source: list[str], params: list[str], cmd: str) -> list[str]:
-    """A stage's dvc.yaml entry (cmd, deps, params, outputs), its templates passed through `fill`."""
+def entry(stage, p: Params, fill, source: list[str], params: list[str], cmd: str) -> list[str]:
+    """A stage's dvc.yaml entry (cmd, deps, params, outputs), its path templates passed through
+    `fill` (to dvc.yaml's templates, or to paths)."""
     from pipeline.stages import STAGES, start_stage
 
     reads = []

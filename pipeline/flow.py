@@ -20,7 +20,7 @@ from components.core import tracking
 from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
-from pipeline import deps, presets, versioning
+from pipeline import deps, pipelines, presets, versioning
 from pipeline.ops import signals
 from pipeline.ops.redaction import masks_errors
 from pipeline.stages import (
@@ -56,13 +56,12 @@ def _retry_transient(task, task_run, state) -> bool:
 
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
 @masks_errors
-def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
-               stale: bool | None = None, copies: presets.Copies = (), preset_books: bool = False) -> dict:
-    """Run one stage if DVC says it is stale, and record it in dvc.lock; else record the skip.
-    `stale`: DVC's answer where the flow knows it without asking again (None: ask). `copies`:
-    a preset's stage that is the default run's, run here with params.yaml, then copied to the
-    preset's paths. `preset_books`: a preset's own stage, kept in its books instead of dvc.lock
-    (pipeline.presets)."""
+def stage_task(name: str, params_path: str, parent_run_id: str, address: str | None,
+               stale: bool | None = None) -> dict:
+    """Run one stage if DVC says it is stale, and record it in its pipeline's dvc.lock; else
+    record the skip. `address`: how DVC names the stage (`name`, or a preset pipeline's
+    `presets/NAME/dvc.yaml:stage__item`); None outside a DVC project, where every stage runs.
+    `stale`: DVC's answer where the flow knows it without asking again (None: ask)."""
     from prefect.runtime import task_run
 
     logger = get_run_logger()
@@ -71,8 +70,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
     if signals.received():  # the next stage of a group, after a SIGTERM
         raise signals.Terminated(f"stage {name}: not started, the run was terminated by SIGTERM")
     p = load_params(params_path)
-    if tracked and not (versioning.is_stale(root, name) if stale is None else stale) or (
-            preset_books and presets.up_to_date(root, Path(params_path), name, p)):
+    if address and not (versioning.is_stale(root, address) if stale is None else stale):
         logger.info("stage %s: up to date, skipped", name)
         stats = record_skipped(name, Path(params_path), parent_run_id)
         status = "skipped"
@@ -83,17 +81,12 @@ def stage_task(name: str, params_path: str, parent_run_id: str, tracked: bool,
             stats = _run_in_own_process(name, params_path, parent_run_id, key)
         else:
             stats = run_stage(name, Path(params_path), parent_run_id, key, p)
-        if tracked:
-            versioning.commit(root, name)
+        if address:
+            versioning.commit(root, address)
             # Lineage: the deps' hashes DVC has just recorded (hashed once, not also at the start).
-            tracking.tag_attempt(p.tracking, root, key, versioning.recorded_dep_hashes(root, name))
-        elif preset_books:
-            presets.record(root, Path(params_path), name, p)
+            tracking.tag_attempt(p.tracking, root, key, versioning.recorded_dep_hashes(root, address))
         logger.info("stage %s: ran in %.1f s", name, time.perf_counter() - start)
         status = "ran"
-    if copies:
-        presets.copy_outputs(root, copies)
-        logger.info("stage %s: the default run's, copied to %s", name, ", ".join(dst for _, dst in copies))
     return {"status": status, "seconds": time.perf_counter() - start, "stats": stats}
 
 
@@ -224,50 +217,41 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     path = Path(params_path).resolve()
     root = path.parent
     p = load_params(path)
-    tracked = versioning.tracks(path)
-    default = root / "params.yaml"
-    # A preset: another params file in a DVC project. Its stages that are the default run's are
-    # run or skipped as params.yaml's, so dvc.lock's books are kept too; the rest are kept in
-    # the preset's own (pipeline.presets).
-    preset = presets.is_preset(path)
-    lock_kept = tracked or preset
-    if lock_kept and versioning.recover_lock(root):
-        logger.warning("dvc.lock: the last run was killed while recording a stage; restored the "
-                       "dvc.lock from before it, so that stage runs again")
-    if lock_kept and versioning.recover_rwlock(root):
+    # In a DVC project DVC keeps the books of every run: params.yaml's pipeline (dvc.yaml) and a
+    # preset's (presets/NAME/dvc.yaml, its own stages; the others are its base's, pipeline.presets).
+    kept = versioning.is_dvc_project(root)
+    for lock in versioning.recover_locks(root) if kept else []:
+        logger.warning("%s: the last run was killed while recording a stage; restored it as it was "
+                       "before, so that stage runs again", lock)
+    if kept and versioning.recover_rwlock(root):
         logger.warning("DVC's stage-lock table (.dvc/tmp/rwlock) was cut short by a killed run; "
                        "removed it (DVC starts a new one)")
-    if lock_kept and deps.write(default, root / "dvc.yaml"):  # a task or a source added or moved
-        logger.warning("dvc.yaml: each stage's sources and params brought up to date with params.yaml "
-                       "(commit it with dvc.lock)")
-    names = plan(p, until)
-    shared = presets.preset_shares(path, p, until)
-    if not tracked:
-        books = "in the preset's own books" if preset else "without books"
-        taken = f"; the default run's, run or skipped as params.yaml's: {', '.join(shared)}" if shared else ""
-        logger.warning("%s is not the project's params.yaml: %d stages run outside dvc.lock, %s (use "
-                       "`dvc exp run -S key=value` to try other values)%s", path, len(names) - len(shared),
-                       books, taken)
+    if kept and deps.write(root / "params.yaml", root / "dvc.yaml"):  # a task or a source added or moved
+        logger.warning("dvc.yaml: brought up to date with params.yaml and the code (commit it with dvc.lock)")
+    owners = presets.owners(path, until) if kept else dict.fromkeys(plan(p, until), path)
+    for preset in dict.fromkeys(o for o in owners.values() if pipelines.is_preset(o)):
+        if presets.write(preset):
+            logger.warning("%s: the pipeline of %s brought up to date (commit it with its dvc.lock)",
+                           pipelines.pipeline_file(preset).relative_to(root), preset.name)
+    names = list(owners)
+    if not kept:
+        logger.warning("%s is not in a DVC project: every stage runs, and no books are kept", root)
     if dead := tracking.close_dead_runs(p.tracking, root):
         logger.warning("MLflow: marked %d runs of a killed earlier run KILLED (they were left RUNNING)",
                        len(dead))
     results: dict[str, dict] = {}
+    address = {n: (pipelines.address(o, n) if pipelines.is_preset(o) else n) if kept else None
+               for n, o in owners.items()}
     # DVC's answer for each stage, asked once here: up to date, a stage still is until one runs
-    # (which may change its deps); never recorded in dvc.lock, it stays stale until it runs.
-    stale_at_start = versioning.stale_stages(root) if tracked or shared else set()
-    unrecorded = set(names) - versioning.recorded_stages(root)
-
-    def where(name: str) -> tuple[str, bool, presets.Copies, bool]:
-        """stage_task's arguments of where a stage runs: the params file; whether DVC keeps its
-        books; the outputs to copy; whether the preset's books keep it."""
-        if name in shared:
-            return str(default), True, shared[name], False
-        return str(path), tracked, [], preset
+    # (which may change its deps); never recorded in its dvc.lock, it stays stale until it runs.
+    stale_at_start = versioning.stale_stages(root) if kept else set()
 
     def known_stale(name: str) -> bool | None:
-        if name in unrecorded:
+        if not kept:
             return True
-        if name not in stale_at_start and all(r["status"] != "ran" for r in results.values()):
+        if not versioning.recorded(root, address[name]):
+            return True
+        if address[name] not in stale_at_start and all(r["status"] != "ran" for r in results.values()):
             return False
         return None
 
@@ -279,13 +263,11 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
             for group in stage_groups(names):
                 if len(group) == 1:
                     current = group[0]
-                    params_file, books, copies, own_books = where(current)
-                    results[current] = stage_task(current, params_file, parent.run_id, books,
-                                                  known_stale(current), copies, own_books)
+                    results[current] = stage_task(current, str(owners[current]), parent.run_id,
+                                                  address[current], known_stale(current))
                     continue
-                files, books, copies, own_books = map(list, zip(*map(where, group), strict=True))
-                futures = stage_task.map(group, files, unmapped(parent.run_id), books,
-                                         [known_stale(n) for n in group], copies, own_books)
+                futures = stage_task.map(group, [str(owners[n]) for n in group], unmapped(parent.run_id),
+                                         [address[n] for n in group], [known_stale(n) for n in group])
                 wait(futures)  # every task of the group ends before a failure is raised
                 outcome = dict(zip(group, futures, strict=True))
                 results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})

@@ -1,182 +1,176 @@
-"""How a preset runs: what it takes from the default run, and the books of the rest.
+"""A preset: a params file beside the project's params.yaml (`params-distill.yaml`, which
+`extends: params.yaml`) with a DVC pipeline of its own, `presets/distill/dvc.yaml`, generated.
 
-A preset (`bertflow run -p params-distill.yaml`) is a params file beside the project's
-params.yaml; DVC keeps the books of params.yaml's run only. One of the preset's stages *is* the
-default run's when it reads the same values of every params key dvc.yaml lists for it, and its
-inputs are the default run's: the same paths, or outputs of stages that are shared in turn.
-Such a stage runs, or is skipped, exactly as in `bertflow run` (DVC decides, dvc.lock records
-it), and where the preset puts its outputs elsewhere (its own `paths.models`) they are copied
-there. Every other stage of the preset is refused before anything runs if it would write where
-a stage of the default run writes (it would replace what dvc.lock records with something else),
-and is kept in the preset's own books, a lock of the same kind as dvc.lock: the values of its
-params keys and the sha256 of its deps (code included) and outputs, after each run. A stage
-whose record matches is skipped, so a preset run that was stopped goes on where it stopped.
+A stage of the preset *is* the default run's when it reads the same values of every params key
+it lists, writes the same folders, and reads only what such shared stages write: it would make
+the same outputs in the same place, so the preset's pipeline leaves it out and its own stages
+take those outputs as plain DVC deps (the distillation preset's student reads the default run's
+encoder and task data; its evaluation reads the default run's pretrained and scratch fits).
+Every other stage is the preset's own, in its dvc.yaml; one that would write where a stage of
+the default run writes is refused, naming the key to set. DVC keeps the books of both pipelines
+(dvc.lock, presets/NAME/dvc.lock), and `dvc repro presets/NAME/dvc.yaml` runs the preset as
+`bertflow run -p params-NAME.yaml` does.
+
+A stage of the preset lists each params key under each params file that sets it (the preset
+file, the files it extends), so DVC sees an edit of either. DVC reserves `@` for the stages a
+`foreach` makes, and the preset's stages have params of their own each: they are written out
+one by one, `finetune@trec-6-scratch` as `finetune__trec-6-scratch`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 import yaml
 
 from components.core.config import Params
-from components.core.digests import digest
 from components.core.errors import ConfigError
-from components.core.io import atomic_dir, atomic_file, write_json
 from components.core.params import load_params
-from pipeline import versioning
-from pipeline.stages import lookup, plan, split_name, stage_params
-
-_VAR = re.compile(r"\$\{([^}]+)\}")
-_OUTPUT_KINDS = ("outs", "metrics", "plots")  # dvc.yaml's kinds of output, in its order
-
-Copies = list[tuple[str, str]]  # (the default run's output, the preset's), relative to the root
-
-
-def is_preset(params_path: Path) -> bool:
-    """Another params file than the params.yaml of the DVC project it lies in."""
-    root = Path(params_path).resolve().parent
-    default = root / "params.yaml"
-    return versioning.is_dvc_project(root) and default.is_file() and not versioning.tracks(params_path)
-
-
-def preset_shares(params_path: Path, p: Params, until: str | None) -> dict[str, Copies]:
-    """shared_stages of a run up to `until` with `params_path` (already read: `p`); {} unless
-    it is a preset."""
-    if not is_preset(params_path):
-        return {}
-    root = Path(params_path).resolve().parent
-    return shared_stages(p, load_params(root / "params.yaml"), root, plan(p, until), Path(params_path).name)
-
-
-def stage_paths(dvc_yaml: dict, name: str, p: Params) -> tuple[list[str], list[tuple[str, str]]]:
-    """A stage's deps, and its outputs as (path, dvc.yaml's template), resolved as DVC resolves
-    dvc.yaml but with `p`'s values. Outputs come in dvc.yaml's order, so the same position names
-    the same output under two params files."""
-    base, _, task = name.partition("@")
-    entry = dvc_yaml["stages"][base]
-    body = entry.get("do", entry)  # a foreach stage's template
-    values = p.model_dump(mode="json")
-    sources = next((v["task_sources"] for v in dvc_yaml.get("vars", []) if "task_sources" in v), {})
-
-    def var(m: re.Match) -> str:
-        if m[1] == "key":
-            return task
-        if m[1] == "item":  # task_data's: the task's source file, from dvc.yaml's own vars
-            return sources.get(task, "")
-        return str(lookup(values, m[1]))
-
-    def template(item: str | dict) -> str:
-        return item if isinstance(item, str) else next(iter(item))
-
-    deps = [os.path.normpath(_VAR.sub(var, template(d))) for d in body.get("deps", [])]
-    outs = [(os.path.normpath(_VAR.sub(var, template(o))), template(o))
-            for kind in _OUTPUT_KINDS for o in body.get(kind, [])]
-    return deps, outs
+from pipeline import deps
+from pipeline.pipelines import SEP, is_preset, pipeline_file
+from pipeline.stages import (
+    STAGES,
+    START_WEIGHTS,
+    lookup,
+    outputs,
+    plan,
+    producers,
+    resolve,
+    split_name,
+    stage_params,
+)
 
 
 def _overlap(a: str, b: str) -> bool:
     """One path is the other or inside it."""
-    a_parts, b_parts = Path(a).parts, Path(b).parts
-    n = min(len(a_parts), len(b_parts))
-    return a_parts[:n] == b_parts[:n]
+    return Path(a).is_relative_to(b) or Path(b).is_relative_to(a)
 
 
-def shared_stages(preset: Params, default: Params, root: Path, names: list[str],
-                  preset_file: str) -> dict[str, Copies]:
-    """The stages of `names` (the preset's plan, in order) that are the default run's, each with
-    the outputs to copy where the preset's paths differ. Refuses, naming the stage, the path and
-    the key to set, a stage that is not shared but writes where the default run writes."""
-    dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())
-    theirs = {n: stage_paths(dvc_yaml, n, default) for n in plan(default)}
-    ours = {n: stage_paths(dvc_yaml, n, preset) for n in names}
-    values = preset.model_dump(mode="json"), default.model_dump(mode="json")
-    shared: dict[str, Copies] = {}
-    for i, name in enumerate(names):
-        deps, outs = ours[name]
-        if name in theirs and _same_stage(name, *values, deps, theirs[name][0],
-                                          {n: ours[n][1] for n in names[:i]}, shared):
-            shared[name] = [(d, o) for (d, _), (o, _) in zip(theirs[name][1], outs, strict=True) if d != o]
+def base_of(params_path: Path) -> Path:
+    """The params file a preset extends (params.yaml, or another preset)."""
+    params_path = Path(params_path).resolve()
+    data = yaml.safe_load(params_path.read_text(encoding="utf-8")) or {}
+    return (params_path.parent / str(data.get("extends", "params.yaml"))).resolve()
+
+
+def owners(params_path: Path, until: str | None = None) -> dict[str, Path]:
+    """Each stage of a run with `params_path` up to `until`, and the params file whose pipeline
+    holds it: the preset's own stages its own, the others their base's (recursively)."""
+    params_path = Path(params_path).resolve()
+    p = load_params(params_path)
+    if not is_preset(params_path):
+        return dict.fromkeys(plan(p, until), params_path)
+    base = base_of(params_path)
+    theirs = owners(base)
+    own = set(own_stages(p, load_params(base), plan(p), params_path.name))
+    return {name: params_path if name in own else theirs[name] for name in plan(p, until)}
+
+
+def own_stages(preset: Params, default: Params, names: list[str], preset_file: str) -> list[str]:
+    """The stages of `names` (the preset's plan, in order) that are not those of `default`,
+    the params it extends (see the module's docstring).
+    Refuses, naming the stage, the path and the key to set, one that writes where the default
+    run writes."""
+    theirs = {n: outputs(default, n) for n in plan(default)}
+    own: list[str] = []
+    for name in names:
+        stage, task, _ = split_name(name)
+        # What the stage makes: its folder (its stats go to the preset's metrics or stay the
+        # default run's), or a stage without one its files.
+        made = (lambda p, n: outputs(p, n)[:1]) if stage.writes else outputs
+        if (name in theirs and made(preset, name) == made(default, name)
+                and _reads(preset, name) == _reads(default, name)
+                and not set(producers(preset, name)) & set(own)):
             continue
-        for out, template in outs:
-            clash = next(((n, d) for n, (_, theirs_outs) in theirs.items() for d, _ in theirs_outs
-                          if _overlap(out, d)), None)
+        own.append(name)
+        for out in outputs(preset, name):
+            clash = next(((n, d) for n, outs in theirs.items() for d in outs if _overlap(out, d)), None)
             if clash:
-                key = _VAR.search(template)[1] if _VAR.search(template) else "paths"
+                key = (stage.writes if out == resolve(stage.writes, preset, task) else "${paths.metrics}")
                 raise ConfigError(
                     f"{preset_file}: stage {name} would write {out}, where the default run's stage "
-                    f"{clash[0]} writes {clash[1]}, but it reads other params "
-                    f"or inputs than params.yaml's: give it a path of its own ({key} in {preset_file})")
-    return shared
+                    f"{clash[0]} writes {clash[1]}, but it reads other params or inputs than "
+                    f"params.yaml's: give it a path of its own ({key[2:key.index('}')]} in {preset_file})")
+    return own
 
 
-def _same_stage(name: str, ours: dict, theirs: dict, deps: list[str], their_deps: list[str],
-                earlier_outs: dict[str, list[tuple[str, str]]], shared: dict[str, Copies]) -> bool:
-    """Whether stage `name` of the preset reads what the default run's reads: the same values of
-    its params keys (`ours`, `theirs`: the two params files' values), and each dep either the
-    same path made by no stage of the preset, or made only by shared stages."""
-    stage, task = split_name(name)
-    if any(lookup(ours, k) != lookup(theirs, k) for k in stage_params(stage, task)):
-        return False
-    for dep, their_dep in zip(deps, their_deps, strict=True):
-        makers = [n for n, outs in earlier_outs.items() if any(_overlap(dep, o) for o, _ in outs)]
-        if not (all(n in shared for n in makers) if makers else dep == their_dep):
+def _reads(p: Params, name: str) -> dict:
+    """The values of its params keys that decide stage `name`'s outputs: of a task's entry the
+    fields it reads (its kind and source, and those of finetune.task_defaults it lists), of
+    finetune.onnx whether it names the stage's start; DVC sees the whole entry and list."""
+    stage, task, start = split_name(name)
+    values = p.model_dump(mode="json")
+    fields = ["kind", "source", *(k.rpartition(".")[2] for k in stage.params
+                                  if k.startswith("finetune.task_defaults."))]
+    found = {}
+    for key in stage_params(stage, task):
+        if task and key == f"finetune.tasks.{task}":
+            found[key] = {f: values["finetune"]["tasks"][task][f] for f in fields}
+        elif key == "finetune.onnx" and start:
+            found[key] = start in p.finetune.onnx
+        else:
+            found[key] = lookup(values, key)
+    return found
+
+
+def _chain(params_path: Path) -> list[tuple[str, dict]]:
+    """The preset file and every file it extends, each as (its path from the root, its data)."""
+    root = Path(params_path).resolve().parent
+    chain, path = [], Path(params_path).resolve()
+    while path is not None:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        chain.append((path.relative_to(root).as_posix(), data))
+        base = data.get("extends")
+        path = (path.parent / str(base)).resolve() if base else None
+    return chain
+
+
+def _sets(data: dict, key: str) -> bool:
+    """Whether a params file's data sets `key` (`finetune.tasks.trec-6`) or a key inside it."""
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
             return False
+        data = data[part]
     return True
 
 
-def copy_outputs(root: Path, copies: Copies) -> None:
-    """Put a shared stage's outputs at the preset's paths, each written aside and renamed into
-    place; a folder replaces only one that bertflow made (components.core.guard)."""
-    for src, dst in copies:
-        src_path, dst_path = root / src, root / dst
-        if src_path.is_dir():
-            with atomic_dir(dst_path) as tmp:
-                shutil.copytree(src_path, tmp, dirs_exist_ok=True)  # its ownership mark too: the same
-        elif src_path.is_file():
-            with atomic_file(dst_path) as tmp:
-                shutil.copyfile(src_path, tmp)
-        else:
-            raise ConfigError(f"{src}: the default run's output is missing, so it cannot be copied "
-                              f"to {dst}; `dvc checkout` restores what dvc.lock records")
+def render(params_path: Path) -> str:
+    """The preset's dvc.yaml: each of its own stages, paths resolved with its params, run from
+    the project root."""
+    params_path = Path(params_path).resolve()
+    preset = load_params(params_path)
+    chain, sources = _chain(params_path), deps.source_deps(preset)
+    task_sources = deps.task_sources(preset)
+    lines = [f"# The pipeline of the preset {params_path.name}: its stages that are not the default run's",
+             "# (pipeline/presets.py). Generated by `bertflow run -p FILE`: do not edit by hand.", "stages:"]
+    for name in [n for n, owner in owners(params_path).items() if owner == params_path]:
+        stage, task, start = split_name(name)
+
+        def fill(template: str, task: str = task, start: str = start) -> str:
+            if template == "{weights}":
+                template = STAGES[START_WEIGHTS[start]].writes
+            return resolve(template, preset, task, start)
+
+        params = []
+        for file, data in chain:
+            keys = [k for k in stage_params(stage, task) if _sets(data, k)]
+            params += [f"  - {file}:", *(f"      - {k}" for k in keys)] if keys else []
+        source = [task_sources[task]] if stage.name == "task_data" else sources.get(stage.name, [])
+        body = deps.entry(stage, preset, fill, source, params,
+                          f"bertflow stage {name} --params {params_path.name}")
+        lines += ["", f"  {name.replace('@', SEP)}:", "    wdir: ../..", *(f"    {line}" for line in body)]
+    return "\n".join(lines) + "\n"
 
 
-def _lock(root: Path, params_path: Path) -> Path:
-    """The preset's books: DVC's temp folder (git-ignored), one file per params file."""
-    return root / ".dvc" / "tmp" / "presets" / f"{Path(params_path).name}.lock.json"
+def write(params_path: Path) -> bool:
+    """Write the preset's dvc.yaml anew; True if it changed."""
+    from components.core.io import atomic_file
 
-
-def _recorded(root: Path, params_path: Path) -> dict[str, dict]:
-    """The preset's books by stage name."""
-    lock = _lock(root, params_path)
-    try:
-        return json.loads(lock.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):  # none yet, or cut short: every stage runs
-        return {}
-
-
-def _entry(root: Path, name: str, p: Params) -> dict:
-    """What decides a stage's outputs, and what they are: its params values, the digests of
-    its deps and of its outputs ('' for one missing)."""
-    deps, outs = stage_paths(yaml.safe_load((root / "dvc.yaml").read_text()), name, p)
-    values = p.model_dump(mode="json")
-    stage, task = split_name(name)
-    return {"params": {k: lookup(values, k) for k in stage_params(stage, task)},
-            "deps": {d: digest(root / d) for d in deps}, "outs": {o: digest(root / o) for o, _ in outs}}
-
-
-def up_to_date(root: Path, params_path: Path, name: str, p: Params) -> bool:
-    """Whether the preset's books hold this stage with the same params, deps and outputs."""
-    recorded = _recorded(root, params_path).get(name)
-    return recorded is not None and all(recorded["outs"].values()) and recorded == _entry(root, name, p)
-
-
-def record(root: Path, params_path: Path, name: str, p: Params) -> None:
-    """Enter a stage that just ran into the preset's books (under the project lock: one writer)."""
-    books = _recorded(root, params_path)
-    books[name] = _entry(root, name, p)
-    write_json(_lock(root, params_path), books)
+    path = pipeline_file(params_path)
+    text = path.read_text() if path.is_file() else ""
+    new = render(params_path)
+    if new != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp:
+            tmp.write_text(new)
+    return new != text

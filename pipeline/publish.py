@@ -28,12 +28,13 @@ def params_sha256(p: Params) -> str:
 
 
 def _dvc_tags(params_path: Path, *stages: str) -> dict[str, str]:
-    """dvc.lock's hashes of the stages' data, when dvc.lock describes these outputs."""
-    from pipeline import versioning
+    """The hashes their dvc.lock records of the stages' data (each in the pipeline that holds it)."""
+    from pipeline import pipelines, presets, versioning
 
-    if not versioning.tracks(params_path):
-        return {}
-    return {f"dvc.{path}": md5 for path, md5 in versioning.lock_hashes(params_path.parent, *stages).items()}
+    owners = presets.owners(params_path) if versioning.is_dvc_project(params_path.parent) else {}
+    found = [pipelines.stage_address(owners[s], s) for s in stages if s in owners]
+    hashes = versioning.lock_hashes(params_path.parent, *filter(None, found))
+    return {f"dvc.{path}": md5 for path, md5 in hashes.items()}
 
 
 def _example(task_dir: Path, kind: str, rows: int = 3) -> list[dict]:
@@ -98,13 +99,16 @@ def sync(params_path: Path) -> tuple[dict[str, dict], list[str]]:
     """`bertflow registry sync`: register the models this checkout holds (a clone's, after `dvc
     pull`) as the pipeline's registry step does, with their lineage; what is registered already
     (by content hash) is not registered again. (outcome per model, tasks with no model here)."""
-    from pipeline import versioning
+    from pipeline import pipelines, presets, versioning
 
     params_path = Path(params_path).resolve()
     root, p = params_path.parent, load_params(params_path)
     tasks = list(p.finetune.tasks)
-    if versioning.tracks(params_path):
-        stages = ["pretrain", *(f"{stage}@{t}" for t in tasks for stage in ("finetune", "evaluate"))]
+    if versioning.is_dvc_project(root):
+        owners = presets.owners(params_path)
+        first = p.finetune.init[0]
+        names = ["pretrain", *(n for t in tasks for n in (start_name(t, first), f"evaluate@{t}"))]
+        stages = [a for n in names if (a := pipelines.stage_address(owners[n], n))]
         # A model edited since dvc.lock would be registered with dvc.lock's lineage: refused.
         # A missing one is only left out (not pulled, or its task not run yet).
         modified = [path for path, how in versioning.changed_outs(root, *stages).items()

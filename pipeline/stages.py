@@ -193,7 +193,7 @@ def _task_data(p: Params, at: Target, run: MlflowRun | None) -> dict:
 def _adapt(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.adapt import adapt_task
 
-    stats = adapt_task(p.adapt, True, p.finetune.tasks[at.task], p.model, p.pretrain, at.folder("task_data"),
+    stats = adapt_task(p.adapt, p.finetune.tasks[at.task], p.model, p.pretrain, at.folder("task_data"),
                        at.folder("pretrain"), at.out, at.root / p.paths.models / "adapt-snapshots" / at.task,
                        mlflow_run=(run.uri, run.run_id) if run else None)
     stats.pop("history", None)  # in the adapted encoder's bertflow.json and the MLflow curves
@@ -214,9 +214,8 @@ def _teacher(p: Params, at: Target, run: MlflowRun | None) -> dict:
 def _transfer_set(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.transfer_set import build_transfer
 
-    return build_transfer(at.task, p.finetune.tasks[at.task], p.finetune, p.distill, True,
-                          at.folder("task_data"), at.folder("pretrain"), at.folder("teacher"), at.out,
-                          at.folder("clean"))
+    return build_transfer(at.task, p.finetune.tasks[at.task], p.finetune, p.distill, at.folder("task_data"),
+                          at.folder("pretrain"), at.folder("teacher"), at.out, at.folder("clean"))
 
 
 # The stage whose folder holds the weights a start begins from (scratch: the encoder's shape and
@@ -412,6 +411,31 @@ def fit_items(p: Params) -> dict[str, dict[str, str]]:
             for task in p.finetune.tasks for start in p.finetune.init if start in finetune.starts}
 
 
+def producers(p: Params, name: str) -> list[str]:
+    """The stages whose folders stage `name` reads (those that run with params `p`)."""
+    stage, task, start = split_name(name)
+    found = []
+    for read in stage.reads:
+        if read == "{weights}":
+            read = START_WEIGHTS[start]
+        if read == "{starts}":
+            found += [start_name(task, s) for s in p.finetune.init]
+        elif read in STAGES:
+            found.append(f"{read}@{task}" if STAGES[read].per_task else read)
+        else:  # a folder of several stages' outputs (transfer's: every evaluation)
+            folder = Path(resolve(read, p))
+            found += [n for n, _ in _instances(p)
+                      if any(Path(out).is_relative_to(folder) for out in outputs(p, n))]
+    return found
+
+
+def outputs(p: Params, name: str) -> list[str]:
+    """Every path stage `name` writes, relative to the project root."""
+    stage, task, start = split_name(name)
+    paths = [stage.writes, stage.stats, *stage.files, *(f for f, _ in stage.plots)]
+    return [resolve(t, p, task, start) for t in paths if t]
+
+
 def _instances(p: Params) -> list[tuple[str, str]]:
     """(stage name, task) of every stage the params run, in run order."""
     names = []
@@ -476,7 +500,7 @@ def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None
     flow, once it has recorded it: DVC hashes its deps then). A task not in params is refused
     first, before anything is recorded."""
     from components.core import tracking
-    from pipeline import versioning
+    from pipeline import pipelines, versioning
 
     root = params_path.parent
     _check_task(p, split_name(name)[1], params_path)
@@ -484,11 +508,11 @@ def _open_run(name: str, params_path: Path, p: Params, parent_run_id: str | None
         tracking.close_dead_runs(p.tracking, root)
     tags = {"bertflow.stage": name, "bertflow.status": status,
             "bertflow.params_file": str(params_path), **tracking.git_state(root)}
-    if versioning.tracks(params_path):  # a preset's stage has no dvc.lock entry
-        if status == "skipped":
-            tags.update(versioning.recorded_dep_hashes(root, name))
-        elif parent_run_id is None:
-            tags.update(versioning.dep_hashes(root, name))
+    address = pipelines.stage_address(params_path, name)
+    if address and status == "skipped":
+        tags.update(versioning.recorded_dep_hashes(root, address))
+    elif address and parent_run_id is None:
+        tags.update(versioning.dep_hashes(root, address))
     run = tracking.mlflow_run(p.tracking, root, name, parent_run_id=parent_run_id, tags=tags, key=key)
     return root, run
 

@@ -58,6 +58,12 @@ def _repo(root: Path) -> Iterator:
             repo.close()
 
 
+def lock_file(root: Path, stage: str) -> Path:
+    """The dvc.lock that records `stage` (an address: `train`, or `presets/x/dvc.yaml:train`)."""
+    pipeline, _, name = stage.rpartition(":")
+    return root / Path(pipeline).parent / "dvc.lock" if pipeline else root / "dvc.lock"
+
+
 def is_stale(root: Path, stage: str) -> bool:
     """Whether DVC would rerun `stage` now (changed deps, params, cmd, or missing outs)."""
     with _repo(root) as repo:
@@ -71,21 +77,27 @@ def stale_stages(root: Path) -> set[str]:
         return set(repo.status())
 
 
-def _journal(root: Path) -> Path:
-    """dvc.lock as it was before the `dvc commit` under way (DVC's temp folder, git-ignored)."""
-    return root / ".dvc" / "tmp" / "dvc.lock.before-commit"
+JOURNAL = ".before-commit"  # a dvc.lock kept aside while a commit rewrites it
+
+
+def _journal(root: Path, lock: Path) -> Path:
+    """`lock` as it was before the `dvc commit` under way (DVC's temp folder, git-ignored):
+    `dvc.lock.before-commit`, `presets__x__dvc.lock.before-commit`."""
+    return root / ".dvc" / "tmp" / (lock.relative_to(root).as_posix().replace("/", "__") + JOURNAL)
 
 
 def commit(root: Path, stage: str) -> None:
-    """Record the stage's current deps and outs in dvc.lock and the cache (as `dvc repro` does).
+    """Record the stage's current deps and outs in its dvc.lock and the cache (as `dvc repro`
+    does).
 
     DVC rewrites dvc.lock in place, so a kill mid-write would leave it truncated and every later
-    DVC call failing: the old dvc.lock is kept aside until the commit ends (see recover_lock).
+    DVC call failing: the old dvc.lock is kept aside until the commit ends (see recover_locks).
     """
     from components.core.io import atomic_file
 
-    lock = root / "dvc.lock"
-    with atomic_file(_journal(root)) as tmp:  # empty: there was no dvc.lock
+    lock = lock_file(root, stage)
+    journal = _journal(root, lock)
+    with atomic_file(journal) as tmp:  # empty: there was no dvc.lock
         tmp.write_bytes(lock.read_bytes() if lock.exists() else b"")
     with _repo(root) as repo:
         committed = repo.commit(stage, force=True)
@@ -96,12 +108,12 @@ def commit(root: Path, stage: str) -> None:
         with repo.lock:  # as `repo.status` takes it
             missing = {k: v for s in committed for k, v in s.status().items()}
     if missing:
-        recover_lock(root)
+        _restore(journal, lock)
         raise BertflowError(f"stage {stage}: DVC could not store its outputs in its cache "
                             f"({_status_line(missing)}); dvc.lock is left as it was, so the stage "
                             "runs again: free space in the DVC cache (`dvc cache dir` says "
                             "where) and rerun")
-    _journal(root).unlink()
+    journal.unlink()
 
 
 def _status_line(status: dict) -> str:
@@ -112,18 +124,24 @@ def _status_line(status: dict) -> str:
     return "; ".join(parts) or str(status)
 
 
-def recover_lock(root: Path) -> bool:
-    """Put dvc.lock back as it was before a commit that a kill cut short; True if it did.
-    The stage that commit recorded is then stale again, and the next run redoes it."""
-    journal, lock = _journal(root), root / "dvc.lock"
-    if not journal.exists():
-        return False
+def recover_locks(root: Path) -> list[Path]:
+    """Put each dvc.lock back as it was before a commit that a kill cut short; the ones it put
+    back. The stage that commit recorded is then stale again, and the next run redoes it."""
+    restored = []
+    for journal in sorted((root / ".dvc" / "tmp").glob(f"*{JOURNAL}")):
+        lock = root / journal.name.removesuffix(JOURNAL).replace("__", "/")
+        _restore(journal, lock)
+        restored.append(lock.relative_to(root))
+    return restored
+
+
+def _restore(journal: Path, lock: Path) -> None:
+    """`lock` as its journal kept it (none: there was no dvc.lock)."""
     if journal.stat().st_size:
         os.replace(journal, lock)
     else:
         lock.unlink(missing_ok=True)
         journal.unlink()
-    return True
 
 
 def recover_rwlock(root: Path) -> bool:
@@ -178,11 +196,11 @@ def dep_hashes(root: Path, stage: str) -> dict[str, str]:
 
 
 def recorded_dep_hashes(root: Path, stage: str) -> dict[str, str]:
-    """dep_hashes of a stage DVC found up to date, read from dvc.lock: its deps hash as
+    """dep_hashes of a stage DVC found up to date, read from its dvc.lock: its deps hash as
     recorded there, without hashing them again."""
     from components.core.tracking import DEP_TAG
 
-    return {f"{DEP_TAG}{d['path']}": d["md5"] for d in _recorded(root)[stage].get("deps", [])}
+    return {f"{DEP_TAG}{d['path']}": d["md5"] for d in _entry(root, stage).get("deps", [])}
 
 
 def changed_outs(root: Path, *stages: str) -> dict[str, str]:
@@ -194,20 +212,10 @@ def changed_outs(root: Path, *stages: str) -> dict[str, str]:
             for path, how in entry.get("changed outs", {}).items()}
 
 
-def tracks(params_path: Path) -> bool:
-    """Whether DVC keeps the books of a run with this params file: the params.yaml of a DVC
-    project (another params file runs every stage, outside dvc.lock)."""
-    params_path = Path(params_path).resolve()
-    root = params_path.parent
-    return is_dvc_project(root) and params_path == (root / "params.yaml").resolve()
-
-
 def lock_hashes(root: Path, *stages: str) -> dict[str, str]:
-    """{path: md5} of the data deps and outs dvc.lock records for `stages` (code deps left out);
-    empty without a dvc.lock."""
-    recorded = _recorded(root)
-    entries = [d for stage in stages for key in ("deps", "outs")
-               for d in recorded.get(stage, {}).get(key, [])]
+    """{path: md5} of the data deps and outs their dvc.lock records for `stages` (code deps left
+    out); empty for a stage not recorded."""
+    entries = [d for stage in stages for key in ("deps", "outs") for d in _entry(root, stage).get(key, [])]
     return {d["path"]: d["md5"] for d in entries if "md5" in d and not d["path"].endswith(".py")}
 
 
@@ -229,20 +237,20 @@ def push(root: Path) -> int:
         return repo.push()
 
 
-def recorded_stages(root: Path) -> set[str]:
-    """The stages dvc.lock records (none without a dvc.lock)."""
-    return set(_recorded(root))
+def recorded(root: Path, stage: str) -> bool:
+    """Whether its dvc.lock records the stage."""
+    return bool(_entry(root, stage))
 
 
-def _recorded(root: Path) -> dict[str, dict]:
-    """dvc.lock's stages by name (empty without a dvc.lock), shared between calls: not to be
-    changed. The flow asks once per skipped stage; the file is parsed once per version of it."""
-    lock = root / "dvc.lock"
+def _entry(root: Path, stage: str) -> dict:
+    """The stage's entry in its dvc.lock ({} if none): shared between calls, not to be changed.
+    The flow asks once per skipped stage; a file is parsed once per version of it."""
+    lock = lock_file(root, stage)
     try:
         stat = lock.stat()
     except FileNotFoundError:
         return {}
-    return _parsed_lock(lock, (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+    return _parsed_lock(lock, (stat.st_mtime_ns, stat.st_size, stat.st_ino)).get(stage.rpartition(":")[2], {})
 
 
 @functools.lru_cache(maxsize=4)

@@ -8,7 +8,6 @@ import torch
 
 from components.core.config import AdaptConfig, FinetuneConfig, ModelConfig, PretrainConfig
 from components.core.errors import DataError
-from components.core.guard import OWNED
 from components.data.tasks.folder import read_split
 from components.data.tasks.prepare import prepare_task
 from components.data.tokenizer import load
@@ -55,7 +54,7 @@ def test_the_train_and_validation_text_is_packed_in_order_without_labels_or_test
 @pytest.mark.slow
 def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews, tiny_encoder, tmp_path):
     out = tmp_path / "adapted"
-    stats = adapt_task(SMALL, True, REVIEWS, section(ModelConfig), PRETRAIN, reviews, tiny_encoder, out,
+    stats = adapt_task(SMALL, REVIEWS, section(ModelConfig), PRETRAIN, reviews, tiny_encoder, out,
                        tmp_path / "work")
     assert stats["adapted"] and stats["steps"] == 4 and stats["init_from"] == START
     # Held-out MLM before (the encoder as it came) and after: the start is measured.
@@ -76,11 +75,9 @@ def test_the_adapted_encoder_continues_the_pretrained_one_and_fine_tunes(reviews
     assert read_task_model_info(tmp_path / "model" / "model").fit == "adapted-s1"  # the start's own model
 
 
-def test_without_the_adapted_start_the_stage_writes_an_empty_record(reviews, tiny_encoder, tmp_path):
+def test_the_adapted_start_without_an_adapted_encoder_is_one_clear_error(reviews, tiny_encoder, tmp_path):
     out = tmp_path / "adapted"
-    assert adapt_task(SMALL, False, REVIEWS, section(ModelConfig), PRETRAIN, reviews, tiny_encoder, out,
-                      tmp_path / "work") == {"adapted": False}
-    assert sorted(p.name for p in out.iterdir()) == [OWNED, "bertflow.json"]
+    out.mkdir()
     cfg = section(FinetuneConfig, tasks={"reviews": REVIEWS}, init=["pretrained", "adapted"])
     with pytest.raises(DataError, match="holds no adapted encoder; run the adapt stage"):
         finetune_start("reviews", REVIEWS, cfg, init="adapted", task_dir=reviews, encoder_dir=tiny_encoder,

@@ -71,7 +71,8 @@ def test_every_config_field_is_described():
 
 def test_dvc_yaml_runs_the_stages_of_the_stage_table():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    assert list(dvc) == list(STAGES), "dvc.yaml stages and pipeline order differ"
+    used = [n for n, s in STAGES.items() if s.used(load_params(ROOT / "params.yaml"))]
+    assert list(dvc) == used, "dvc.yaml stages and pipeline order differ"
     params = load_params(ROOT / "params.yaml").model_dump()
     task = next(iter(params["finetune"]["tasks"]))
     for name, stage in dvc.items():
@@ -80,21 +81,24 @@ def test_dvc_yaml_runs_the_stages_of_the_stage_table():
         stage = stage["do"] if per_task else stage
         for key in stage["params"]:  # each names a key of params.yaml
             value = params
-            for part in key.replace("${key}", task).split("."):
+            for part in key.replace("${key}", task).replace("${item.task}", task).split("."):
                 assert part in value, f"dvc.yaml {name}: params key {key} not in params.yaml"
                 value = value[part]
         assert stage["cmd"] == f"bertflow stage {name}" + ("@${key}" if per_task else "")
+        item = stage.get("deps", []) and "${item.task}" in str(stage)
+        assert item == STAGES[name].per_start, name  # a stage per task and start: the fits' items
 
 
 def test_dvc_yaml_paths_come_from_params():
     text = (ROOT / "dvc.yaml").read_text()
     params = load_params(ROOT / "params.yaml").model_dump()
     for ref in re.findall(r"\$\{([^}]+)\}", text):
-        if ref in ("key", "item", "task_sources"):  # a foreach stage's task and its source
+        if ref in ("key", "item", "task_sources", "fits") or ref.startswith("item."):  # a foreach's item
             continue
         section, key = ref.split(".")
         assert key in params[section], ref
-    # No data path is spelled out by hand: the outputs are templated, the sources generated.
+    # No data path is spelled out by hand: the outputs are templated, the sources generated (the
+    # fits' weights folders, in their generated items, resolved).
     assert not re.search(r"^\s*-\s*data/", text, re.M)
 
 
@@ -281,14 +285,17 @@ def test_the_minilm_preset_is_its_differences_from_params_yaml():
     preset, base = load_params(ROOT / "params-minilm.yaml"), load_params(ROOT / "params.yaml")
     assert preset.pretrain.init_from == "all-minilm-l6-v2"
     assert preset.finetune.init == ["pretrained", "checkpoint", "scratch"]
-    # Shared: the corpus, the tasks' data settings and everything not named; apart: what the
-    # encoder shapes, and the task rates (params.yaml's are the mini encoder's), which give the
-    # tasks' stages, task_data's included, paths of their own.
+    # Shared: the corpus and the task data (its stages are the default run's, pipeline.presets);
+    # apart: what the encoder shapes, and the fits (the task rates are MiniLM's).
+    from pipeline.presets import owners
+
     def data_of(tasks):
         return {name: t.model_dump(exclude={"lr"}) for name, t in tasks.items()}
-    assert preset.paths.clean == base.paths.clean
+    assert (preset.paths.clean, preset.paths.tasks) == (base.paths.clean, base.paths.tasks)
     assert data_of(preset.finetune.tasks) == data_of(base.finetune.tasks)
-    assert preset.paths.tasks != base.paths.tasks
+    own = [n for n, f in owners(ROOT / "params-minilm.yaml").items() if f.name == "params-minilm.yaml"]
+    assert own[:4] == ["checkpoint", "tokenizer", "pairs", "pretrain"]
+    assert not any("task_data" in n for n in own)
     # A BERT continues on BERT's recipe, not the modern default's.
     assert (preset.pairs.mode, preset.pretrain.mlm_probability) == ("nsp", 0.15)
     assert preset.finetune.tasks["conll2003-ner"].lr < base.finetune.tasks["conll2003-ner"].lr
@@ -367,8 +374,15 @@ def test_the_distill_preset_serves_a_student_cut_from_its_teacher():
     assert preset.finetune.init[0] == "distilled" and {"pretrained", "scratch"} <= set(preset.finetune.init)
     assert preset.distill.teacher == base.distill.teacher and preset.distill.student_layers == [0, 1]
     assert base.distill.student_layers == []  # the default's student is its own encoder
-    assert preset.paths.clean == base.paths.clean and preset.paths.tasks != base.paths.tasks
-    assert preset.paths.models != base.paths.models and preset.paths.metrics != base.paths.metrics
+    # Its own stages: the teacher, the transfer set, the student and the evaluation; the encoder,
+    # the task data and the pretrained and scratch fits are the default run's (pipeline.presets).
+    from pipeline.presets import owners
+
+    assert (preset.paths.tasks, preset.paths.models) == (base.paths.tasks, base.paths.models)
+    assert preset.paths.metrics != base.paths.metrics
+    own = {n.partition("@")[0] for n, f in owners(ROOT / "params-distill.yaml").items()
+           if f.name == "params-distill.yaml"}
+    assert own == {"teacher", "transfer_set", "distill", "evaluate", "transfer"}
 
 
 def _schema_fields(model=Params, data=None, loc=()):

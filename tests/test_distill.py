@@ -124,7 +124,7 @@ def test_the_student_learns_from_the_teachers_soft_targets_on_the_transfer_set(
     assert set(teacher["scores"]) == {"teacher-s1"} and 0 <= teacher["test_mean"] <= 1
     assert (tmp_path / "teacher" / "model" / "model.safetensors").is_file()  # a task model, servable
 
-    stats = build_transfer(name, task, cfg, distill, True, task_dir, tiny_modern_encoder,
+    stats = build_transfer(name, task, cfg, distill, task_dir, tiny_modern_encoder,
                            tmp_path / "teacher", tmp_path / "transfer", stages_dir / "clean")
     train, corpus = read_split(task_dir, "train").num_rows, 20 if task.transfer_corpus else 0
     paired = task.transfer_pairs
@@ -185,11 +185,11 @@ def test_a_missing_teacher_or_one_of_another_task_is_refused_by_name(project, ti
     cfg, distill = _cfg("ner", init=["pretrained", "distilled"]), _distill(str(tiny_encoder))
     ner = project / "tasks" / "ner"
     with pytest.raises(DataError, match=r"no teacher; run teacher@ner"):
-        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, tmp_path / "none",
+        build_transfer("ner", TASKS["ner"], cfg, distill, ner, tiny_encoder, tmp_path / "none",
                        tmp_path / "t")
     with pytest.raises(DataError, match=r"a teacher of a classification task with labels \['neg', 'pos'\], "
                                         r"but task ner is token"):
-        build_transfer("ner", TASKS["ner"], cfg, distill, True, ner, tiny_encoder, reviews_teacher,
+        build_transfer("ner", TASKS["ner"], cfg, distill, ner, tiny_encoder, reviews_teacher,
                        tmp_path / "t")
     assert not (tmp_path / "t").exists()  # nothing half-written
 
@@ -203,7 +203,7 @@ def test_a_student_without_its_transfer_set_or_with_another_tasks_is_refused(pro
                                         r"teacher@reviews and transfer_set@reviews first"):
         distill_student("reviews", TASKS["reviews"], cfg, distill, task_dir=reviews, encoder_dir=tiny_encoder,
                         transfer_dir=tmp_path / "missing", out_dir=tmp_path / "m")
-    build_transfer("reviews", TASKS["reviews"], cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
+    build_transfer("reviews", TASKS["reviews"], cfg, distill, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
     with pytest.raises(DataError, match=r"labelled by a teacher of task 'reviews' .* not of 'other'"):
         distill_student("other", TASKS["reviews"], cfg, distill, task_dir=reviews, encoder_dir=tiny_encoder,
@@ -241,7 +241,7 @@ def test_a_student_cut_from_the_teacher_trains_with_its_own_tokenizer_at_the_tea
     task = TASKS["reviews"].model_copy(update={"lr": [1e-3]})
     cfg = _cfg("reviews", init=["distilled", "pretrained"])
     distill = _distill("all-minilm-l6-v2", augment_copies=0, student_layers=[0])
-    build_transfer("reviews", task, cfg, distill, True, reviews, tiny_encoder, reviews_teacher,
+    build_transfer("reviews", task, cfg, distill, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
     with student_encoder(distill.model_copy(update={"student_layers": []}), project, PACKAGES) as none:
         assert none is None  # the student is the pretrained encoder
@@ -273,17 +273,6 @@ def test_the_transfer_table_says_which_student_was_distilled(tmp_path):
         transfer_report(["reviews"], tmp_path / "tasks", tmp_path / "transfer.md", tmp_path / "transfer.json",
                         student_layers=layers, teacher="all-minilm-l6-v2")
         assert f"*distilled*: {student}" in (tmp_path / "transfer.md").read_text()
-
-
-def test_build_transfer_unwanted_writes_an_empty_record(project, tiny_encoder, tmp_path):
-    # The transfer_set stage exists only with the distilled start (pipeline/stages.py), but
-    # build_transfer still takes `wanted`: false writes a record and reads no teacher.
-    cfg, distill = _cfg("reviews"), _distill(str(tiny_encoder))
-    reviews = project / "tasks" / "reviews"
-    assert build_transfer("reviews", TASKS["reviews"], cfg, distill, False, reviews, tiny_encoder,
-                          tmp_path / "no-teacher", tmp_path / "transfer") == {"transfer": False}
-    written = [p.name for p in (tmp_path / "transfer").iterdir() if not p.name.startswith(".")]
-    assert written == ["bertflow.json"]
 
 
 def test_corpus_text_comes_from_the_named_source_of_the_training_part_only(project, stages_dir):

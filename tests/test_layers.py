@@ -69,7 +69,7 @@ def test_operations_stand_apart_from_the_flow():
     assert not wrong, "\n".join(wrong)
     rest = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.stem != "__init__")
     assert rest == ["cli", "cli_common", "cli_explore", "deps", "drift", "flow", "model_loading",
-                    "predict", "presets", "publish", "reference", "stages", "versioning"], rest
+                    "pipelines", "predict", "presets", "publish", "reference", "stages", "versioning"], rest
 
 
 def test_no_import_cycles():
@@ -140,18 +140,24 @@ def test_each_stage_folder_is_named_once_in_the_stage_table():
     # dvc.yaml's outputs and deps and the folders each stage's call gets are all the table's.
     from pipeline.stages import STAGES, target
 
-    stages = yaml.safe_load(deps.render(load_params(ROOT / "params.yaml")))["stages"]
+    p = load_params(ROOT / "params.yaml")
+    stages = yaml.safe_load(deps.render(p))["stages"]
     for name, stage in STAGES.items():
+        if name not in stages:  # the stages of a start params.yaml does not use
+            assert not stage.used(p), name
+            continue
         body = stages[name].get("do", stages[name])
         outs = [next(iter(o)) for o in body.get("outs", [])]
+        task = "${item.task}" if stage.per_start else "${key}"
         if stage.writes:
-            assert outs[0] == stage.writes.replace("{task}", "${key}"), name
-        for read in stage.reads:
+            assert outs[0] == stage.writes.replace("{task}", task).replace("{start}", "${item.start}"), name
+        for read in (r for r in stage.reads if r not in ("{weights}", "{starts}")):
             path = STAGES[read].writes if read in STAGES else read
-            assert path.replace("{task}", "${key}") in body["deps"], (name, read)
-    p = load_params(ROOT / "params.yaml")
+            assert path.replace("{task}", task) in body["deps"], (name, read)
     assert target(p, ROOT, "adapt@trec-6").out == ROOT / p.paths.models / "adapted" / "trec-6"
-    assert target(p, ROOT, "finetune@trec-6").folder("pretrain") == ROOT / p.paths.models / "encoder"
+    at = target(p, ROOT, "finetune@trec-6-scratch")
+    assert at.folder("pretrain") == ROOT / p.paths.models / "encoder"
+    assert at.out == ROOT / p.paths.models / "tasks" / "trec-6" / "scratch"
     # The calls take their folders from the table: no path piece of an output is spelled in them.
     code = (ROOT / "pipeline" / "stages.py").read_text()
     body = code[code.index("def _ingest"):code.index("STAGES: dict")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -83,39 +84,47 @@ def test_flow_runs_what_dvc_finds_stale_and_records_it(dvc_project, prefect_api)
 
 
 def _check_a_preset(repo) -> None:
-    """A preset takes the default run's stages that read what they read (their stats copied to
-    its metrics), keeps the rest in its own books, and may not write where the default writes."""
+    """A preset is a DVC pipeline of its own (presets/NAME/dvc.yaml) holding the stages that are
+    not the default run's; those that are stay in dvc.lock, run or skipped there, and its own
+    stages take their outputs as DVC deps. It may not write where the default run writes."""
     from components.core.errors import ConfigError
-    from components.core.params import load_params
     from pipeline.flow import pipeline_flow
-    from pipeline.presets import preset_shares
+    from pipeline.presets import owners
 
     lock = (repo / "dvc.lock").read_bytes()
     preset = {"extends": "params.yaml", "tokenizer": {"vocab_size": 1800}}
     (repo / "clash.yaml").write_text(yaml.safe_dump(preset))
     with pytest.raises(ConfigError, match=r"clash.yaml: stage tokenizer would write data/tokenizer, .* "
                                           r"\(paths.tokenizer in clash.yaml\)"):
-        preset_shares(repo / "clash.yaml", load_params(repo / "clash.yaml"), "pairs")
+        owners(repo / "clash.yaml", "pairs")
     preset["paths"] = {"tokenizer": "data/preset/tokenizer", "pairs": "data/preset/pairs",
-                       "metrics": "metrics/preset"}
+                       "models": "data/preset/models", "metrics": "metrics/preset"}
     (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
     assert _statuses(pipeline_flow(str(repo / "preset.yaml"), "pairs")) == {
         "ingest": "skipped", "clean": "skipped", "checkpoint": "skipped", "tokenizer": "ran", "pairs": "ran"}
-    for stage in ("ingest", "clean", "checkpoint"):
-        name = f"{stage}_stats.json"
-        assert (repo / "metrics" / "preset" / name).read_bytes() == (repo / "metrics" / name).read_bytes()
+    pipeline = yaml.safe_load((repo / "presets" / "preset" / "dvc.yaml").read_text())["stages"]
+    assert list(pipeline)[:3] == ["tokenizer", "pairs", "pretrain"]  # the corpus is the default run's
+    assert not any(name.startswith("task_data") for name in pipeline)  # the task data too
+    assert "data/clean" in pipeline["tokenizer"]["deps"]
+    assert pipeline["tokenizer"]["params"] == [{"preset.yaml": ["tokenizer"]},
+                                               {"params.yaml": ["tokenizer", "model.max_position",
+                                                                "pretrain.init_from"]}]
     stats = json.loads((repo / "metrics" / "preset" / "tokenizer_stats.json").read_text())
     assert stats["vocab_size"] == 1800 and (repo / "data" / "preset" / "pairs").is_dir()
-    assert (repo / "dvc.lock").read_bytes() == lock and _dvc_clean(repo)
-    # In its books: what it ran before is skipped, what an edit touches reruns.
+    assert not (repo / "metrics" / "preset" / "clean_stats.json").exists()  # the default run's stage
+    assert (repo / "dvc.lock").read_bytes() == lock and (repo / "presets" / "preset" / "dvc.lock").is_file()
+    assert _dvc_clean(repo) and _dvc_clean(repo, "presets/preset/dvc.yaml:pairs")  # DVC keeps both books
+    # An edit of the preset reruns what it touches, as DVC decides.
     preset["pairs"] = {"seed": 8}
     (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
     assert _statuses(pipeline_flow(str(repo / "preset.yaml"), "pairs")) == {
         **dict.fromkeys(DATA_STAGES, "skipped"), "pairs": "ran"}
-    # A stage of its own run by hand goes into its books too: the next run skips it.
+    # DVC runs the preset's pipeline as the flow does.
     preset["pairs"] = {"seed": 9}
     (repo / "preset.yaml").write_text(yaml.safe_dump(preset))
-    run_cli("bertflow", "stage", "pairs", "--params", "preset.yaml", cwd=repo)
+    out = run_cli("dvc", "repro", "presets/preset/dvc.yaml:pairs", cwd=repo).stdout
+    ran = re.findall(r"Running stage '([^']+)'", out)
+    assert ran == ["presets/preset/dvc.yaml:pairs"], out
     rerun = pipeline_flow(str(repo / "preset.yaml"), "pairs")
     assert _statuses(rerun) == dict.fromkeys(DATA_STAGES, "skipped")
 

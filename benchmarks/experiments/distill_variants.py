@@ -51,7 +51,7 @@ def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -
                                out_dir=work / "fits")
     else:  # the distilled start, as transfer_set@task and distill@task run it
         transfer = work / "transfer"
-        build_transfer(name, task, cfg, distill, True, task_dir, models / "encoder",
+        build_transfer(name, task, cfg, distill, task_dir, models / "encoder",
                        models / "teachers" / name, transfer, root / p.paths.clean)
         with student_encoder(distill, root, root / p.paths.packages) as student:
             stats = distill_student(name, task, cfg, distill, task_dir=task_dir,

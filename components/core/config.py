@@ -444,14 +444,17 @@ class TaskConfig(TaskSettings):
             raise InvalidKey("transfer_pairs", "is for pair tasks")
         return self
 
+Start = Literal["pretrained", "scratch", "checkpoint", "adapted", "distilled"]
+
+
 class FinetuneConfig(Section):
     """Stages `task_data@task` and `finetune@task`: each task from each init over several seeds."""
     task_defaults: TaskSettings = Field(description="The settings a task leaves out.")
     tasks: dict[str, TaskConfig] = Field(
         description="Tasks by name; dvc.yaml runs one stage of each kind per task.")
     seeds: list[int] = Field(min_length=1, description="Seeds; the first is exported.")
-    init: list[Literal["pretrained", "scratch", "checkpoint", "adapted", "distilled"]] = Field(
-        description="Arms, each over all seeds.")
+    init: list[Start] = Field(
+        description="The starts, each over all seeds; the first's task model is the one registered.")
     batch_size: int = Field(ge=1, description="Examples per step.")
     beta1: Number = Field(ge=0, lt=1, description="AdamW beta1.")
     beta2: Number = Field(ge=0, lt=1, description="AdamW beta2.")
@@ -471,8 +474,9 @@ class FinetuneConfig(Section):
         description="Token tasks: a CRF over the words' emissions, Viterbi decoding (no HF export).")
     span_threshold: bool = Field(
         description="Span tasks: calibrate a score threshold on validation (best F1).")
-    onnx: bool = Field(
-        description="Also write the exported model as ONNX, and int8 if it answers the test split as fp32.")
+    onnx: list[Start] = Field(
+        description="Starts whose task model is also written as ONNX, and int8 if it answers the test split "
+                    "as fp32.")
     precision: str = Field(
         description="`auto` (bf16-mixed on CUDA and on AMX CPUs, else 32) or any Lightning precision.")
     grad_clip: Number = Field(ge=0, description="Gradient norm clipping (0: off).")

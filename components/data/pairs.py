@@ -25,7 +25,7 @@ own script still draws a random document there, which would put NSP's topic cue 
 
 `packing` mode (RoBERTa FULL-SENTENCES): contiguous sentences packed to max_seq_len across
 document boundaries, a [SEP] between documents, no NSP (label -1). Whole sentences leave a row
-short by part of one (17% of the default's positions are padding: benchmarks/padding.py).
+short by part of one (17% of the default's positions are padding: benchmarks/speed/padding.py).
 `stream` mode (ModernBERT's unpadded packing): the documents' tokens, a [SEP] after each, fill
 every row to max_seq_len; a document cut where a row ends goes on in the next.
 

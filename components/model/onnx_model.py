@@ -46,7 +46,7 @@ class _MatmulAttention(nn.Module):
 
     SDPA's export guards every softmax row against NaN (an IsNaN and a Where per layer), which
     ONNX Runtime runs as extra passes over (B, heads, T, T); without them the int8 graph answers
-    more sentences per second (benchmarks/onnx_attention.py). The answers are the same: a
+    more sentences per second (benchmarks/speed/onnx_attention.py). The answers are the same: a
     hidden key's weight is exp(-10000) = 0 in float32, as with SDPA's -inf. q, k and v are split
     off the last axis and each transposed in 4 dimensions, not permuted as one 5-dimensional
     tensor: ONNX Runtime's int8 graph of a 2 x 384 encoder then answered 10% more sentences."""
@@ -108,7 +108,7 @@ def quantize(src: Path, dst: Path) -> None:
     precision beside a column of large ones. Only the products are quantized; the embedding
     lookups, which int8 would not speed up, stay fp32. On a classic encoder cut from MiniLM
     this lifted the int8 answers' agreement with fp32 from 98.4% to 99.1% (movie-sentiment's
-    test split), and on the MiniLM teacher from 97.2% to 99.3% (benchmarks/int8_recipe.py).
+    test split), and on the MiniLM teacher from 97.2% to 99.3% (benchmarks/experiments/int8_recipe.py).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -20,12 +20,11 @@ import pyarrow.parquet as pq
 from components.core.config import AdaptConfig, ModelConfig, PretrainConfig, TaskConfig
 from components.core.errors import DataError
 from components.core.guard import make_work, remove_owned
-from components.core.io import atomic_dir, write_json
 from components.data import validation
 from components.data.pairs import pack_documents, to_table, tokenize_documents
 from components.data.tasks.folder import read_split
 from components.data.tokenizer import CLS, SEP, load
-from components.model.metadata import INFO_FILE, CheckpointInfo, read_encoder_info
+from components.model.metadata import CheckpointInfo, read_encoder_info
 from components.training.pretrain import pretrain
 
 log = logging.getLogger(__name__)
@@ -79,15 +78,11 @@ def adapt_config(cfg: AdaptConfig, pretrain_cfg: PretrainConfig) -> PretrainConf
         val_every_steps=max(1, cfg.steps // 4), snapshot_every_steps=max(1, cfg.steps // 4)))
 
 
-def adapt_task(cfg: AdaptConfig, enabled: bool, task: TaskConfig, model: ModelConfig,
-               pretrain_cfg: PretrainConfig, task_dir: Path, encoder_dir: Path, out_dir: Path,
-               work_dir: Path, mlflow_run: tuple[str, str] | None = None) -> dict:
+def adapt_task(cfg: AdaptConfig, task: TaskConfig, model: ModelConfig, pretrain_cfg: PretrainConfig,
+               task_dir: Path, encoder_dir: Path, out_dir: Path, work_dir: Path,
+               mlflow_run: tuple[str, str] | None = None) -> dict:
     """The encoder in `encoder_dir` continued on the task's text, exported to `out_dir` (an
-    encoder folder); with `enabled` false, `out_dir` holds only an empty record."""
-    if not enabled:
-        with atomic_dir(out_dir) as tmp:
-            write_json(tmp / INFO_FILE, {"adapted": False})
-        return {"adapted": False}
+    encoder folder)."""
     encoder = read_encoder_info(encoder_dir)
     pairs = Path(work_dir) / "pairs"
     remove_owned(pairs)  # left by a killed run

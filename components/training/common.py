@@ -74,7 +74,7 @@ def has_amx() -> bool:
 def resolve_precision(precision: str) -> str:
     """`auto`: bf16 mixed precision on CUDA with bf16 and on CPUs with AMX (there bf16 products run
     several times the fp32 rate and the probe at equal minutes loses nothing; benchmarks/RESULTS.md,
-    "bf16 on CPU"); fp32 on other CPUs, which emulate bf16 far slower than fp32."""
+    "bf16 against fp32"); fp32 on other CPUs, which emulate bf16 far slower than fp32."""
     if precision != "auto":
         return precision
     if torch.cuda.is_available():

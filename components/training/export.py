@@ -1,5 +1,6 @@
 """The task model of a start: its first seed's fit, exported (model.metadata.TaskModelInfo) to
-`model/`, and with finetune.onnx also as ONNX, int8 where it answers the test split as fp32."""
+`model/`, and for a start of finetune.onnx also as ONNX, int8 where it answers the test split as
+fp32."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def export_fit(model: torch.nn.Module, plan: FitPlan, spec: FitSpec, fit: str, t
                          max_seq_len=origin.max_len, label_subwords=cfg.label_subwords,
                          crf=getattr(model, "crf", None) is not None, threshold=threshold, scheme=plan.scheme)
     write_task_model(model, info, origin.tokenizer_dir, plan.out / "model")
-    if not cfg.onnx:
+    if origin.init not in cfg.onnx:
         return
     metric = (primary_metric(task.kind, plan.scheme),
               lambda found: score(task.kind, spec.space, found, plan.test_gold, plan.scheme))

@@ -108,8 +108,8 @@ def fit_start(name: str, task: TaskConfig, cfg: FinetuneConfig, start: Start, me
         this_run: dict = {"workers": workers}
         # What decides the fits' last bits: the threads each fit ran on (a worker's share, or
         # this process's own when the fits run here).
-        stats["machine"] = {**cpu_facts(),
-                            "threads": threads_per_worker(workers) if workers > 1 else torch.get_num_threads()}
+        threads = threads_per_worker(workers) if workers > 1 else torch.get_num_threads()
+        stats["machine"] = {**cpu_facts(), "threads": threads}
         lr, winner, search = search_rate(plan, rates, workers)
         if search:
             minutes = search.pop("minutes")
@@ -118,8 +118,9 @@ def fit_start(name: str, task: TaskConfig, cfg: FinetuneConfig, start: Start, me
             this_run.update({f"search.{rate}.minutes": m for rate, m in minutes.items()})
         jobs = [Job(seed, lr, trained=winner if seed == seeds[0] else None) for seed in seeds]
         for summary in run_jobs(plan, jobs, workers, f"finetune {name} {init}"):
-            stats["fits"][f"{init}-s{summary['seed']}"] = {k: summary[k] for k in ("steps", "best_val_metric", "lr")}
-            this_run[f"{init}-s{summary['seed']}.minutes"] = summary["minutes"]
+            fit = f"{init}-s{summary['seed']}"
+            stats["fits"][fit] = {k: summary[k] for k in ("steps", "best_val_metric", "lr")}
+            this_run[f"{fit}.minutes"] = summary["minutes"]
         stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats

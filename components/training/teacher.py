@@ -31,7 +31,6 @@ def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Disti
                 packages_dir: Path, task_dir: Path, out_dir: Path) -> dict:
     """The task's teacher in `out_dir` (a start's layout: `model/`, `fits/teacher-sN`), its
     scores per seed."""
-    cfg = cfg.model_copy(update={"onnx": False})  # the teacher labels; it is not served in int8
     with tempfile.TemporaryDirectory(prefix="bertflow-teacher-") as work:
         checkpoint = Path(work) / "checkpoint"
         import_checkpoint(distill.teacher, root, packages_dir, checkpoint)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.errors import DataError
-from components.core.io import atomic_dir, write_json
+from components.core.io import atomic_dir
 from components.data.tasks.folder import read_meta, read_split
 from components.data.text import split_words
 from components.data.transfer_set import write_transfer
@@ -32,15 +32,11 @@ from components.training.augment import augment
 log = logging.getLogger(__name__)
 
 
-def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, wanted: bool,
+def build_transfer(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig,
                    task_dir: Path, encoder_dir: Path, teacher_dir: Path, out_dir: Path,
                    clean_dir: Path | None = None) -> dict:
     """The transfer set of one task into `out_dir` (with the task's transfer_corpus, text of
-    the clean corpus in `clean_dir` too); with `wanted` false, an empty record."""
-    if not wanted:
-        with atomic_dir(out_dir) as tmp:
-            write_json(tmp / INFO_FILE, {"transfer": False})
-        return {"transfer": False}
+    the clean corpus in `clean_dir` too)."""
     meta = read_meta(task_dir)
     info = check_teacher(Path(teacher_dir) / "model", name, task, meta)
     train = read_split(task_dir, "train")

@@ -11,7 +11,7 @@ from components.core.logs import configure_logging
 # glibc's allocator: buffers over its 32 MB mmap ceiling (a pretraining step's sparse MLM logits,
 # ~80 MB, and their gradient) are mapped, faulted in page by page and unmapped on every step:
 # ~100,000 minor faults and a fifth of the CPU time in the kernel. From the heap, kept between
-# steps, a step runs 1.09-1.15x faster (benchmarks/malloc.py). Processes this one starts read the
+# steps, a step runs 1.09-1.15x faster (benchmarks/speed/malloc.py). Processes this one starts read the
 # variable at their start; this one, already started, is told by mallopt.
 TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824"
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameter numbers (malloc.h)
