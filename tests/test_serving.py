@@ -288,3 +288,19 @@ def test_a_model_bertflow_saved_holds_nothing_to_unpickle_and_only_its_own_code(
         assert pickles_in(tmp_path / how) == unpickled[how], how
         assert ", ".join(code_in(tmp_path / how)) == names
     assert not (tmp_path / "never").exists()
+
+
+def test_a_model_exported_before_task_defaults_still_loads(tmp_path):
+    # Its record kept a rate apart from its grid and 0 for "finetune's value" (epochs, patience,
+    # max_seq_len): read in today's schema, the length is the record's own.
+    import json
+
+    from components.model.metadata import INFO_FILE, read_task_model_info
+
+    model = tiny_task_model(tmp_path)
+    record = json.loads((model / INFO_FILE).read_text())
+    record["task"].update(lr=0.0, lr_grid=[], teacher_lr=0.0, max_seq_len=0, epochs=0, patience=0,
+                          chunk_overlap=8)
+    (model / INFO_FILE).write_text(json.dumps(record))
+    info = read_task_model_info(model)
+    assert (info.task.kind, info.task.max_seq_len, info.max_seq_len) == ("classification", 32, 32)

@@ -138,12 +138,28 @@ def read_task_model_info(folder: Path) -> TaskModelInfo:
     data = _read(folder, "not an exported task model")
     id2label = data.get("id2label", {})
     space = [id2label.get(str(i)) for i in range(len(id2label))]
-    task = parse(TaskConfig, data.get("task"), f"{Path(folder) / INFO_FILE}:task")
+    task = parse(TaskConfig, _current_task(data), f"{Path(folder) / INFO_FILE}:task.")
     # Models registered before these fields existed keep working: `fit` was `run`, and every
     # token and span model was BIO.
     return _record(TaskModelInfo, folder, data, config=_config(folder, data), space=space, task=task,
                    fit=data.get("fit", data.get("run", "")),
                    scheme=data.get("scheme", "bio" if task.kind in ("token", "span") else ""))
+
+
+def _current_task(data: dict) -> object:
+    """A record's task in today's schema. Records written before finetune.task_defaults kept a
+    rate apart from its grid and 0 for "finetune's value": the rates become one list, the length
+    the record's own max_seq_len, and a 0 that only training read (epochs, patience, a rate) the
+    least the schema takes; serving reads none of those."""
+    task = data.get("task")
+    if not isinstance(task, dict) or "lr_grid" not in task:
+        return task
+    task = dict(task)
+    grid, lr, teacher = task.pop("lr_grid"), task.get("lr"), task.get("teacher_lr")
+    task.update(lr=grid or [lr or 1.0], teacher_lr=[teacher or 1.0],
+                max_seq_len=task.get("max_seq_len") or data.get("max_seq_len"),
+                epochs=task.get("epochs") or 1, patience=task.get("patience") or 1)
+    return task
 
 
 def write_info(folder: Path, info: CheckpointInfo | EncoderInfo | TaskModelInfo) -> None:
