@@ -1,6 +1,6 @@
-"""Predictions on raw text from an exported task model (what `finetune@task` writes to
-`data/models/tasks/<task>/model`): the one inference path of the pyfunc model, `bertflow
-predict`, the REST server and the throughput benchmark.
+"""Predictions on raw text from an exported task model (what a start's stage, `finetune@task-start`
+or `distill@task`, writes to `data/models/tasks/<task>/<start>/model`): the one inference path of
+the pyfunc model, `bertflow predict`, the REST server and the throughput benchmark.
 
 Inputs go through the same `encode` and `predict` as the test split in fine-tuning, so a served
 model answers exactly as it was scored. Batches are length-bucketed (no padding waste).
