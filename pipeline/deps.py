@@ -68,7 +68,7 @@ def code_deps(stage_name: str) -> list[str]:
 def source_deps(p: Params) -> dict[str, list[str]]:
     """The files and folders of yours a stage reads, as dvc.yaml lists them: ingest's sources,
     checkpoint's pretrain.init_from, and with the distilled start the teacher folder, which the
-    teacher stage fine-tunes and the finetune stage cuts its student from (a packaged corpus or
+    teacher stage fine-tunes and the distill stage cuts its student from (a packaged corpus or
     checkpoint is pinned in the code)."""
     from components.core.packages import CHECKPOINTS
 
@@ -76,7 +76,7 @@ def source_deps(p: Params) -> dict[str, list[str]]:
     teacher_folder = [teacher] if "distilled" in p.finetune.init and teacher not in CHECKPOINTS else []
     return {"ingest": [s.path for s in p.ingest.sources if s.kind != "package"],
             "checkpoint": [init_from] if init_from and init_from not in CHECKPOINTS else [],
-            "teacher": teacher_folder, "finetune": teacher_folder}
+            "teacher": teacher_folder, "distill": teacher_folder}
 
 
 def task_sources(p: Params) -> dict[str, str]:

@@ -462,12 +462,15 @@ def plan(p: Params, until: str | None = None) -> list[str]:
     base, _, item = until.partition("@")
     if base not in STAGES:
         raise BertflowError(f"unknown stage {until!r} (stages: {', '.join(STAGES)})")
-    task = item if item in p.finetune.tasks else split_name(until)[1] if item else ""
+    task, _, start = item.rpartition("-")
+    if item in p.finetune.tasks or start not in STAGES[base].starts:  # a task's stages, not one start's
+        task = item
     if item and task not in p.finetune.tasks:
         raise BertflowError(f"unknown task {task!r} (tasks: {', '.join(p.finetune.tasks)})")
     if task:
         names = [(n, t) for n, t in names if t in ("", task)]
-    hits = [i for i, (n, t) in enumerate(names) if n == until or n.partition("@")[0] == base]
+    hits = ([i for i, (n, _) in enumerate(names) if n == until]
+            or [i for i, (n, _) in enumerate(names) if n.partition("@")[0] == base])
     if not hits:
         raise BertflowError(f"stage {until}: the params run no such stage (stages: "
                             f"{', '.join(dict.fromkeys(n.partition('@')[0] for n, _ in names))})")

@@ -50,7 +50,7 @@ def test_unknown_stage_for_until_is_refused_before_prefect_starts(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("error: unknown stage 'bogus' (stages: ingest, clean, checkpoint, "
                                    "tokenizer, pairs, pretrain, task_data, adapt, teacher, transfer_set, "
-                                   "finetune, evaluate, transfer)")
+                                   "finetune, distill, evaluate, transfer)")
     proc = run_cli("bertflow", "run", "--until", "finetune@nope", "-p", str(params), cwd=tmp_path,
                    check=False)
     assert proc.returncode == 1
@@ -108,17 +108,21 @@ def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
     from tests.conftest import project_params
 
     p = project_params()
-    tasks = list(p.finetune.tasks)
+    tasks, starts = list(p.finetune.tasks), p.finetune.init  # pretrained, scratch: no adapt or teacher
     names = plan(p)
     assert names[:6] == ["ingest", "clean", "checkpoint", "tokenizer", "pairs", "pretrain"]
     assert names[6:6 + len(tasks)] == [f"task_data@{t}" for t in tasks]
-    assert names[-1] == "transfer" and len(names) == 7 + 6 * len(tasks)
-    # The flow maps each per-task stage over the tasks: one group per stage kind.
-    assert [len(g) for g in stage_groups(names)] == [1] * 6 + [len(tasks)] * 6 + [1]
-    assert plan(p, "finetune")[-1] == f"finetune@{tasks[-1]}"
-    # One task's stage: only what that task needs, not the other tasks' stages.
-    assert plan(p, "evaluate@trec-6")[6:] == ["task_data@trec-6", "adapt@trec-6", "teacher@trec-6",
-                                              "transfer_set@trec-6", "finetune@trec-6", "evaluate@trec-6"]
+    fits = [f"finetune@{t}-{s}" for t in tasks for s in starts]
+    assert names[6 + len(tasks):6 + len(tasks) + len(fits)] == fits  # a stage per task and start
+    assert names[-1] == "transfer" and len(names) == 7 + 2 * len(tasks) + len(fits)
+    # The flow maps each per-task stage over its tasks (and starts): one group per stage kind.
+    assert [len(g) for g in stage_groups(names)] == [1] * 6 + [len(tasks), len(fits), len(tasks)] + [1]
+    assert plan(p, "finetune")[-1] == fits[-1]
+    # One task's stage: only what that task needs, not the other tasks' stages; one start's, only
+    # that start.
+    assert plan(p, "evaluate@trec-6")[6:] == ["task_data@trec-6", "finetune@trec-6-pretrained",
+                                              "finetune@trec-6-scratch", "evaluate@trec-6"]
+    assert plan(p, "finetune@trec-6-pretrained")[6:] == ["task_data@trec-6", "finetune@trec-6-pretrained"]
 
 
 @pytest.mark.slow

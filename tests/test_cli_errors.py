@@ -82,7 +82,7 @@ CASES = {
     "pairs_before_tokenizer": (_params, ["stage", "pairs"], "run the tokenizer stage first"),
     "tokenizer_truncated": (_write("data/tokenizer/tokenizer.json", b'{"version": "1.0", "tru'),
                             ["stage", "pairs"], "tokenizer.json: not a readable tokenizer file"),
-    "finetune_before_pretrain": (_params, ["stage", "finetune@movie-sentiment"],
+    "finetune_before_pretrain": (_params, ["stage", "finetune@movie-sentiment-pretrained"],
                                  "no pretrained encoder; run the pretrain stage first"),
     "evaluate_before_task_data": (_params, ["stage", "evaluate@movie-sentiment"],
                                   "run the task_data stage for this task first"),

@@ -513,10 +513,10 @@ def test_a_teacher_folder_is_a_dvc_dep_of_the_stages_that_read_it(tmp_path):
     data["finetune"]["init"] = ["pretrained", "distilled"]
     data["distill"].update(teacher="data/user/teacher/", student_layers=[0, 1])
     deps = source_deps(load_params(write_params(tmp_path, data)))
-    assert deps["teacher"] == deps["finetune"] == ["data/user/teacher"]
+    assert deps["teacher"] == deps["distill"] == ["data/user/teacher"]
     data["distill"]["teacher"] = "all-minilm-l6-v2"
     deps = source_deps(load_params(write_params(tmp_path, data)))
-    assert deps["teacher"] == deps["finetune"] == []
+    assert deps["teacher"] == deps["distill"] == []
 
 
 def test_a_preset_over_params_with_a_renamed_task_says_which_task_and_how_to_extend_it(tmp_path):

@@ -192,7 +192,8 @@ def _broken(onnx_model: Path, tmp_path: Path, damage) -> Path:
     return copy
 
 
-NO_GRAPH = "{m}: no ONNX graph (finetune.onnx was off when it was trained); backend torch serves it"
+NO_GRAPH = ("{m}: no ONNX graph (its start was not in finetune.onnx when it was trained); backend torch "
+            "serves it")
 INCOMPLETE = "(the model's ONNX folder is incomplete)"
 DAMAGED = "the model's files are damaged; backend torch serves it"
 DAMAGES = {  # what is done to the ONNX folder, and each backend's error (None: it still serves)

@@ -201,22 +201,26 @@ def test_cli_run_until_and_dvc_repro_from_scratch(dvc_project):
     assert _dvc_clean(repo)
 
 
-def test_each_preset_shares_the_default_runs_stages_it_reads_alike_and_writes_none_of_its_outputs():
-    from components.core.params import load_params
-    from pipeline.presets import shared_stages
-    from pipeline.stages import plan
+def test_each_preset_pipeline_holds_only_the_stages_that_are_not_its_bases():
+    from pipeline.pipelines import is_preset
+    from pipeline.presets import owners, render
     from tests.conftest import ROOT
 
-    default = load_params(ROOT / "params.yaml")
-    shared = {f.name: shared_stages(p, default, ROOT, plan(p), f.name)
-              for f in sorted(ROOT.glob("params-*.yaml")) for p in [load_params(f)]}
-    # The distillation preset pretrains nothing: the default run's encoder is copied to its models.
-    assert {"ingest", "clean", "tokenizer", "pairs", "pretrain"} <= set(shared["params-distill.yaml"])
-    assert ("data/models/encoder", "data/distill/models/encoder") in shared["params-distill.yaml"]["pretrain"]
-    assert "finetune@trec-6" not in shared["params-distill.yaml"]
-    # A preset of another tokenizer shares the corpus only.
-    assert not {"tokenizer", "pairs", "pretrain"} & set(shared["params-minilm.yaml"])
-    assert {"ingest", "clean"} <= set(shared["params-minilm.yaml"])
+    held = {f.name: {n for n, o in owners(f).items() if o == f} for f in sorted(ROOT.glob("params-*.yaml"))}
+    # The distillation preset pretrains nothing and fits no pretrained or scratch start: the
+    # default run's encoder, task data and fits are its deps.
+    assert not {"ingest", "clean", "tokenizer", "pairs", "pretrain"} & held["params-distill.yaml"]
+    assert "finetune@trec-6-pretrained" not in held["params-distill.yaml"] and "distill@trec-6" in held[
+        "params-distill.yaml"]
+    distill = yaml.safe_load(render(ROOT / "params-distill.yaml"))["stages"]
+    assert "data/models/tasks/trec-6/pretrained" in distill["evaluate__trec-6"]["deps"]
+    # A preset of another tokenizer shares the corpus and the task data only; one extending it
+    # shares its tokenizer and pairs (its pipeline holds the stages of the new heads' pretraining).
+    assert {"tokenizer", "pairs", "pretrain"} <= held["params-minilm.yaml"]
+    assert not {"ingest", "clean", "task_data@trec-6"} & held["params-minilm.yaml"]
+    heads = owners(ROOT / "params-minilm-heads.yaml")
+    assert (heads["pairs"].name, heads["pretrain"].name) == ("params-minilm.yaml", "params-minilm-heads.yaml")
+    assert all(is_preset(f) for f in heads.values() if f.name != "params.yaml")
 
 
 @pytest.mark.slow
@@ -370,7 +374,8 @@ def test_a_user_task_runs_through_the_whole_pipeline_from_three_starts(dvc_proje
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("bertflow").experiment_id])
-    finetune = next(r for r in runs if r.info.run_name == "finetune@pos-pretrained")
+    finetune = next(r for r in runs if r.info.run_name == "finetune@pos-pretrained"
+                    and r.data.tags["bertflow.status"] == "ran")
     assert finetune.data.params["finetune.tasks.pos.source"] == "data/user/tasks/pos.conll"
     assert finetune.data.tags["dvc.dep.data/tasks/pos"] == _lock_out(repo, "task_data@pos")
     assert "model" in {a.path for a in client.list_artifacts(finetune.info.run_id)}

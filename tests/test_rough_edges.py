@@ -261,8 +261,8 @@ def test_predict_names_each_blank_text_by_where_it_is(registry_project):
     # A backend the model lacks (trained with finetune.onnx off): one line saying so, naming the
     # model by its URI (not the temporary folder it was fetched into, gone when the command ends).
     assert _fails_in_one_line(root, "predict", "reviews", "--backend", "onnx", "--text", "a great film") == (
-        "error: model models:/reviews@champion: artifacts/model: no ONNX graph (finetune.onnx was off when "
-        "it was trained); backend torch serves it")
+        "error: model models:/reviews@champion: artifacts/model: no ONNX graph (its start was not in "
+        "finetune.onnx when it was trained); backend torch serves it")
 
 
 @pytest.mark.slow
@@ -355,9 +355,8 @@ def test_dvc_declares_only_the_headline_stats_as_metrics_and_every_stats_file_as
                     metrics.add(path)
                 if path.endswith("_stats.json"):
                     assert options.get("cache") is False, (name, path)  # kept in git, as before
-        stats = ("${paths.metrics}/tasks/${key}/" if STAGES[name].per_task else "${paths.metrics}/") \
-            + f"{name}_stats.json"
-        assert stats in declared, name
+        stats = STAGES[name].stats.replace("{task}", "${item.task}" if STAGES[name].per_start else "${key}")
+        assert stats.replace("{start}", "${item.start}") in declared, name
     assert metrics == {"${paths.metrics}/pretrain_stats.json", "${paths.metrics}/transfer_stats.json"}
     assert "${paths.metrics}/transfer_stats.json" in declared
 

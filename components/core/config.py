@@ -448,7 +448,7 @@ Start = Literal["pretrained", "scratch", "checkpoint", "adapted", "distilled"]
 
 
 class FinetuneConfig(Section):
-    """Stages `task_data@task` and `finetune@task`: each task from each init over several seeds."""
+    """Stages `task_data@task` and `finetune@task-start`: each task from each start over several seeds."""
     task_defaults: TaskSettings = Field(description="The settings a task leaves out.")
     tasks: dict[str, TaskConfig] = Field(
         description="Tasks by name; dvc.yaml runs one stage of each kind per task.")

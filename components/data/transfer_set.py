@@ -1,4 +1,4 @@
-"""The transfer set of the `distilled` start, as `transfer_set@task` writes it and `finetune@task`
+"""The transfer set of the `distilled` start, as `transfer_set@task` writes it and `distill@task`
 reads it: `transfer.parquet`, the task's columns (train's schema) plus `source` (train;
 augmented, a training row with words the encoder's masked LM replaced; corpus, a text of the
 task's transfer_corpus; paired, a new pair of training texts), `gold` (the row's labels are its

@@ -202,8 +202,8 @@ def onnx_file(model_dir: Path, backend: str) -> Path:
     a model trained without graphs, an int8 graph its check refused, a file gone missing."""
     folder = Path(model_dir) / ONNX_DIR
     if not folder.is_dir():
-        raise ConfigError(f"{model_dir}: no ONNX graph (finetune.onnx was off when it was trained); "
-                          "backend torch serves it")
+        raise ConfigError(f"{model_dir}: no ONNX graph (its start was not in finetune.onnx when it was "
+                          "trained); backend torch serves it")
     if backend == "onnx":
         if not (folder / FP32).is_file():
             raise ConfigError(f"{folder / FP32}: missing (the model's ONNX folder is incomplete); "

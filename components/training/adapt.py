@@ -7,7 +7,7 @@ packed into full sequences (RoBERTa's FULL-SENTENCES: examples back to back, a [
 two; a pair's two texts stay together), written in the pairs stage's contract (no pair
 objective) and trained by the pretrain stage's own loop, masking and export. The validation
 split's text is the held-out MLM set; the test split is never read.
-Without `adapted` in finetune.init the stage writes an empty record, so DVC's graph stays fixed.
+The stage exists only with `adapted` in finetune.init.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ masked LM replaced (training/augment.py), with the task's `transfer_corpus` a sa
 corpus source's documents or sentences, and with a pair task's `transfer_pairs` new pairs of its
 training texts (`new_pairs`); every row labelled by the task's teacher
 (teacher@task) with its soft targets (model/soft_targets.py). The validation and test splits
-never enter it. Without `distilled` in finetune.init the stage writes an empty record.
+never enter it. The stage exists only with `distilled` in finetune.init.
 """
 
 from __future__ import annotations
