@@ -244,7 +244,8 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
                for n, o in owners.items()}
     # DVC's answer for each stage, asked once here: up to date, a stage still is until one runs
     # (which may change its deps); never recorded in its dvc.lock, it stays stale until it runs.
-    stale_at_start = versioning.stale_stages(root) if kept else set()
+    files = {a.rpartition(":")[0] or "dvc.yaml" for a in address.values() if a}
+    stale_at_start = versioning.stale_stages(root, sorted(files)) if kept else set()
 
     def known_stale(name: str) -> bool | None:
         if not kept:

@@ -7,14 +7,17 @@ the same outputs in the same place, so the preset's pipeline leaves it out and i
 take those outputs as plain DVC deps (the distillation preset's student reads the default run's
 encoder and task data; its evaluation reads the default run's pretrained and scratch fits).
 Every other stage is the preset's own, in its dvc.yaml; one that would write where a stage of
-the default run writes is refused, naming the key to set. DVC keeps the books of both pipelines
+its base writes is refused, naming the key to set. DVC keeps the books of both pipelines
 (dvc.lock, presets/NAME/dvc.lock), and `dvc repro presets/NAME/dvc.yaml` runs the preset as
 `bertflow run -p params-NAME.yaml` does.
 
 A stage of the preset lists each params key under each params file that sets it (the preset
 file, the files it extends), so DVC sees an edit of either. DVC reserves `@` for the stages a
 `foreach` makes, and the preset's stages have params of their own each: they are written out
-one by one, `finetune@trec-6-scratch` as `finetune__trec-6-scratch`.
+one by one, `finetune@trec-6-scratch` as `finetune__trec-6-scratch`. A preset extending another
+preset shares with that one: its stages are its own, its base's, or the default run's.
+
+    python -m pipeline.presets   write every preset's pipeline (`bertflow run -p` writes its own)
 """
 
 from __future__ import annotations
@@ -174,3 +177,20 @@ def write(params_path: Path) -> bool:
         with atomic_file(path) as tmp:
             tmp.write_text(new)
     return new != text
+
+
+def main() -> int:
+    """`python -m pipeline.presets`: write the pipeline of every preset beside params.yaml."""
+    import sys
+
+    from components.core.imports import ROOT
+
+    for preset in sorted(ROOT.glob("params-*.yaml")):
+        changed = write(preset)
+        state = "rewritten" if changed else "already current"
+        sys.stdout.write(f"{pipeline_file(preset).relative_to(ROOT)}: {state}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -70,11 +70,11 @@ def is_stale(root: Path, stage: str) -> bool:
         return bool(repo.status(targets=[stage]))
 
 
-def stale_stages(root: Path) -> set[str]:
-    """Every stage DVC would rerun now, in one pass over the pipeline (a run's first check:
-    asking stage by stage loads dvc.yaml and dvc.lock again for each)."""
+def stale_stages(root: Path, pipelines: list[str]) -> set[str]:
+    """Every stage of the pipelines (dvc.yaml files) DVC would rerun now, by address, in one pass
+    (a run's first check: asking stage by stage loads dvc.yaml and dvc.lock again for each)."""
     with _repo(root) as repo:
-        return set(repo.status())
+        return set(repo.status(targets=pipelines))
 
 
 JOURNAL = ".before-commit"  # a dvc.lock kept aside while a commit rewrites it

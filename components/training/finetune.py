@@ -3,11 +3,12 @@ seed of `finetune.seeds`. A start is what the fits begin from: the pretrained en
 weights (scratch), an imported checkpoint, the task-adapted encoder, or for the distilled
 student the teacher's soft targets on the transfer set.
 
-The start's rates are the task's `lr` (one rate, or a list searched on its first seed:
-training/rate_search.py); each fit writes its test predictions to `fits/` (training/fits.py),
-which `evaluate@task` scores, and the first seed's fit is the start's task model (`model/`).
-`probe_fits` trains the same fits on a sample, scored on validation only, for the transfer probe
-(training/probe.py).
+The start's rates are the task's `lr`: one rate, or a list searched on the first seed, whose
+every rate trains a trial; the rate with the best validation metric trains the other seeds, and
+the winning trial is the start's first fit (no test prediction is made for a losing trial).
+Each fit writes its test predictions to `fits/` (training/fits.py), which `evaluate@task`
+scores, and the first seed's fit is the start's task model (`model/`). `probe_fits` trains the
+same fits on a sample, scored on validation only, for the transfer probe (training/probe.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from components.model.soft_targets import attach_targets
 from components.training.common import resolve_precision
 from components.training.fits import Job, run_jobs
 from components.training.plan import FitPlan, Start
-from components.training.rate_search import search_rate
 from components.training.workers import threads_per_worker, worker_count
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,21 @@ def fit_start(name: str, task: TaskConfig, cfg: FinetuneConfig, start: Start, me
         stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
+
+
+def search_rate(plan: FitPlan, rates: list[float], workers: int) -> tuple[float, dict | None, dict]:
+    """The rate the start's fits train at, the winning trial (None without a search: one rate)
+    and the search's record (`lr`, `trials` by rate, and each trial's minutes)."""
+    if len(rates) == 1:
+        return rates[0], None, {}
+    seed = plan.first_seed
+    trials = run_jobs(plan, [Job(seed, lr, trial=True) for lr in rates], workers,
+                      f"lr search {plan.name} {plan.start.init}")
+    winner = max(trials, key=lambda t: t["best_val_metric"])  # the first on a tie
+    record = {"lr": winner["lr"], "trials": {f"{t['lr']:g}": {k: t[k] for k in ("steps", "best_val_metric")}
+                                             for t in trials},
+              "minutes": {f"{t['lr']:g}": t["minutes"] for t in trials}}
+    return winner["lr"], winner, record
 
 
 def probe_fits(name: str, task: TaskConfig, cfg: FinetuneConfig, task_dir: Path, encoder_dir: Path,
