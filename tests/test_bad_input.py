@@ -257,6 +257,7 @@ def _pretrain_project(stages: Path, root: Path, **pretrain) -> Path:
 SNAPSHOT_ROOM_KB = 2_700
 
 
+@pytest.mark.slow  # a real pretraining on a tmpfs: 15 s, beyond the fast loop's budget
 def test_a_full_disk_in_pretraining_keeps_the_last_snapshot_and_a_rerun_goes_on(tiny_stages, tmp_path):
     import torch
 
