@@ -311,7 +311,12 @@ FIT_PARAMS = tuple(f"finetune.{k}" for k in FinetuneConfig.model_fields
                    if k not in ("tasks", "task_defaults", "init"))
 TEACHER_PARAMS = ("distill.teacher", "distill.teacher_seeds", *_task_keys(*FIT_TASK_KEYS, "teacher_lr"),
                   *(k for k in FIT_PARAMS if k not in ("finetune.seeds", "finetune.onnx")))
-distilled: Callable[[Params], bool] = lambda p: "distilled" in p.finetune.init  # noqa: E731
+
+
+def distilled(p: Params) -> bool:
+    """Whether the params run the `distilled` start (its stages exist only then)."""
+    return "distilled" in p.finetune.init
+
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("ingest", _ingest, ("ingest",), writes="${paths.raw}"),
