@@ -26,7 +26,7 @@ from benchmarks.speed.pretrain_throughput import matmul_rate
 from components.core.params import load_params
 from components.model.build import task_model
 from components.model.config import BertConfig
-from components.training.common import has_amx
+from components.training.precision import has_amx
 from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/

@@ -29,7 +29,7 @@ from components.model.arch import arch_of
 from components.model.build import build_model
 from components.model.config import IGNORE, BertConfig
 from components.model.pretraining import count_flops_per_token
-from components.training.common import has_amx
+from components.training.precision import has_amx
 from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
