@@ -555,6 +555,9 @@ class EvaluateConfig(Section):
     """Stages `evaluate@task` and `transfer`: metrics per fit, and what pretraining bought."""
     tfidf_baseline: bool = Field(
         description="Add a TF-IDF + logistic regression reference for text classification.")
+    encoder_spread: dict[str, float] = Field(
+        description="Per task, points a pretraining gain must clear beyond the seed std: how far the "
+                    "task's pretrained score moved between two pretraining seeds of the recipe.")
 
 class TrackingConfig(Section):
     """MLflow tracking and registry."""
