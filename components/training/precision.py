@@ -4,7 +4,7 @@ bf16 natively and faster than fp32, fp32 elsewhere.
 The CPU's flags alone do not say it. With AMX (`amx_bf16`) bf16 products run several times the
 fp32 rate; without bf16 instructions bf16 is emulated, far slower. `avx512_bf16` without AMX is
 ambiguous: the same torch multiplied bf16 at 2.2x the fp32 rate on a Zen 4 EPYC and at 0.5-0.7x
-on a Xeon whose AMX the hypervisor hides (benchmarks/RESULTS.md, "bf16 on CPU"). Where bf16 took
+on a Xeon whose AMX the hypervisor hides (benchmarks/RESULTS.md, "bf16 on CPU: ..."). Where bf16 took
 over (AMX), the transfer probe at equal minutes lost nothing ("bf16 against fp32"). There a short
 product of the encoder's shape decides, measured once per run: the choice is passed to every
 process the run starts (`BERTFLOW_AUTO_PRECISION`), so all its stages train in one precision.
