@@ -36,7 +36,7 @@ def reference_fits(project: Path, models: str, task: str) -> tuple[float, dict[i
     """The rate the reference run's pretrained start trained at, and its best validation
     metric per seed (from the start's fit records)."""
     fits = [json.loads(f.read_text()) for f in (project / models / "tasks" / task / "pretrained" / "fits")
-            .glob("pretrained-s*.json")]
+            .glob("pretrained-s*.json") if f.stem.rpartition("-s")[2].isdigit()]  # not the search's
     return fits[0]["lr"], {f["seed"]: f["best_val_metric"] for f in fits}
 
 

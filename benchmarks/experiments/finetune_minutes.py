@@ -55,7 +55,8 @@ def rows(project: Path) -> list[list[str]]:
             fits_dir = project / p.paths.models / "tasks" / task / init / "fits"
             if m is None or not fits_dir.exists():
                 continue
-            fits = [json.loads(f.read_text()) for f in sorted(fits_dir.glob(f"{init}-s*.json"))]
+            fits = [json.loads(f.read_text()) for f in sorted(fits_dir.glob(f"{init}-s*.json"))
+                    if f.stem.rpartition("-s")[2].isdigit()]  # not the search's record
             search = sum(v for k, v in m.items() if k.startswith("search."))
             # the first seed's fit is the search's winning trial, restored: its minutes are the trial's
             fitting = sum(v for k, v in m.items() if k.endswith(".minutes") and not k.startswith("search.")
