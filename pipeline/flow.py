@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from components.core import tracking
+from components.core import progress, tracking
 from components.core.errors import BertflowError
 from components.core.io import flatten
 from components.core.params import load_params
@@ -127,7 +127,10 @@ def _run_in_own_process(name: str, params_path: str, parent_run_id: str, key: st
                            text=True) as proc, signals.forwarded_to(proc)):
         try:
             for line in proc.stderr:  # pass the stage's log through, keep its end for errors
-                sys.stderr.write(line)
+                if progress.MARK in line:  # its progress lines go to the run log (and the console)
+                    get_run_logger().info(line[line.index(progress.MARK) + 2:].rstrip())
+                else:
+                    sys.stderr.write(line)
                 lines = [*lines[-49:], line.rstrip()]
         except BaseException:  # interrupted: the stage ends too, not after its last step
             proc.terminate()

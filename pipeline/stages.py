@@ -296,7 +296,7 @@ def _transfer(p: Params, at: Target, run: MlflowRun | None) -> dict:
     report = at.path(TRANSFER)
     return transfer_report(list(p.finetune.tasks), at.path(EVALUATIONS), report.with_suffix(".md"),
                            report.with_suffix(".json"), p.pretrain.init_from, p.distill.student_layers,
-                           p.distill.teacher)
+                           p.distill.teacher, p.evaluate.encoder_spread)
 
 
 def _task_keys(*keys: str) -> tuple[str, ...]:
@@ -362,13 +362,13 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
                                 "distill.teacher"),
           writes="${paths.models}/tasks/{task}/distilled", reads=("task_data", "pretrain", "transfer_set"),
           per_task=True, used=distilled),
-    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "finetune.init", "evaluate"),
+    Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "finetune.init", "evaluate.tfidf_baseline"),
           reads=("task_data", "pretrain", "{starts}"), per_task=True,
           plots=((f"{TASK_METRICS}/curves.csv", {"x": "step", "y": "val_metric", "template": "linear"}),
                  (f"{TASK_METRICS}/per_class.csv", {"x": "label", "y": "f1", "template": "bar_horizontal"}),
                  (f"{TASK_METRICS}/curves.png", {}), (f"{TASK_METRICS}/per_class.png", {})),
           artifacts=lambda at: sorted(at.path(TASK_METRICS).glob("*.png"))),
-    Stage("transfer", _transfer, ("finetune.tasks", "evaluate", "pretrain.init_from",
+    Stage("transfer", _transfer, ("finetune.tasks", "evaluate.encoder_spread", "pretrain.init_from",
                                   "distill.student_layers", "distill.teacher"),
           reads=(EVALUATIONS,), metric=True, files=(f"{TRANSFER}.md", f"{TRANSFER}.json"),
           artifacts=lambda at: [at.path(f"{TRANSFER}.md")]),

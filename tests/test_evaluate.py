@@ -223,17 +223,28 @@ def test_transfer_table_verdicts():
     assert lines[1].count("---") == 9
     body = _table_rows(table)
     assert body[0] == ["sst", "cls", "accuracy", "81.0 ± 1.0", "71.0 ± 1.0", "+10.0", "0.0005 / 0.001",
-                       "76.5", "pretraining helps"]
+                       "76.5", "pretraining helps†"]
     assert body[1] == ["ner", "token", "entity_f1", "81.0 ± 4.0", "80.0 ± 1.0", "+1.0", "—", "—",
-                       "within seed spread"]
-    assert body[2][5:] == ["-10.0", "—", "50.0", "pretraining hurts"]
+                       "within seed spread†"]
+    assert body[2][5:] == ["-10.0", "—", "50.0", "pretraining hurts†"]
     assert body[3] == ["squad", "span", "f1", "50.0 ± 0.0", "—", "—", "—", "—", "—"]
+
+
+@pytest.mark.parametrize("encoder_spread, said", [
+    (None, "pretraining helps†"),  # +3.0 points beyond the seeds' 1.0: the seeds alone
+    (1.5, "pretraining helps"),  # beyond 1.0 + 1.5
+    (2.5, "within seed and encoder spread"),  # not beyond 1.0 + 2.5: two encoders differ this much
+])
+def test_a_gain_must_clear_the_encoder_spread_too(encoder_spread, said):
+    row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.82, 0.83, 0.84]),
+           "scratch": summarize([0.79, 0.80, 0.81]), "baseline": None, "encoder_spread": encoder_spread}
+    assert _table_rows(transfer_table([row]))[0][-1] == said
 
 
 def test_transfer_table_single_seed_is_flagged():
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.9]),
            "scratch": summarize([0.8]), "baseline": None}
-    assert _table_rows(transfer_table([row]))[0][-1] == "pretraining helps (single seed: spread unknown)"
+    assert _table_rows(transfer_table([row]))[0][-1] == "pretraining helps† (single seed: spread unknown)"
 
 
 def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added():
@@ -244,7 +255,7 @@ def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added
                         "vs checkpoint | lr | baseline | verdict |")
     assert _table_rows("\n".join(lines))[0][3:8] == ["91.0 ± 1.4", "87.0 ± 1.4", "71.0 ± 1.4",
                                                       "+20.0", "+4.0"]
-    assert _table_rows("\n".join(lines))[0][-1] == "pretraining helps; continued pretraining helps"
+    assert _table_rows("\n".join(lines))[0][-1] == "pretraining helps†; continued pretraining helps"
 
 
 @pytest.mark.parametrize("checkpoint, said", [
@@ -254,7 +265,7 @@ def test_the_checkpoint_arm_gets_its_column_and_what_continued_pretraining_added
 def test_the_verdict_says_what_continued_pretraining_added(checkpoint, said):
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.90, 0.92]),
            "checkpoint": summarize(checkpoint), "scratch": summarize([0.70, 0.72]), "baseline": None}
-    assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps; {said}"
+    assert _table_rows(transfer_table([row]))[0][-1] == f"pretraining helps†; {said}"
 
 
 def test_what_each_start_cost_is_steps_per_fit_by_init():

@@ -326,7 +326,11 @@ def test_a_user_task_runs_through_the_whole_pipeline_from_three_starts(dvc_proje
     run_cli("git", "add", "-A", cwd=repo)
     run_cli("git", "commit", "-qm", "user tasks", cwd=repo)
 
-    out = run_cli("bertflow", "run", cwd=repo).stdout
+    # Its stderr a pipe, as in a log: progress lines (every 0.2 s here; once a minute by default)
+    # from pretraining (its own process) and fine-tuning (the fits).
+    proc = run_cli("bertflow", "run", cwd=repo, env={"BERTFLOW_PROGRESS_SECONDS": "0.2"})
+    assert "progress: pretrain: step " in proc.stderr and "progress: finetune pos pretrained: " in proc.stderr
+    out = proc.stdout
     statuses = dict(line.split()[:2] for line in out.splitlines() if line.split()[1:2] == ["ran"])
     assert list(statuses) == [*DATA_STAGES, "pretrain", "task_data@pos", "adapt@pos",
                               "finetune@pos-pretrained", "finetune@pos-adapted", "evaluate@pos", "transfer",

@@ -96,3 +96,32 @@ def test_both_stages_train_in_bf16_with_clipping(stages_dir, pairs_out, tmp_path
     stats = finetune_start("reviews", task, tune, init="pretrained", task_dir=tmp_path / "task",
                            encoder_dir=tmp_path / "encoder", out_dir=tmp_path / "model")
     assert stats["fits"]["pretrained-s1"]["steps"] >= 6
+
+
+def test_auto_decides_by_the_flags_and_measures_only_where_they_are_ambiguous():
+    from components.training.precision import bf16_speedup, choose, has_amx, has_avx512_bf16
+
+    choice = choose()
+    if torch.cuda.is_available():
+        assert choice.reason.startswith("CUDA")
+    elif has_amx():
+        assert choice.precision == "bf16-mixed" and "AMX" in choice.reason
+    elif not has_avx512_bf16():
+        assert choice.precision == "32-true" and "emulated" in choice.reason
+    else:  # this machine's case: avx512_bf16 without AMX, where a product decides
+        assert "measured" in choice.reason and 0.1 < bf16_speedup() < 20
+
+
+def test_a_run_trains_in_one_precision_its_processes_inherit(tmp_path):
+    """The first process chooses; the ones it starts (stages, fit workers) take its choice."""
+    import os
+    import subprocess
+    import sys
+
+    from components.training.precision import ENV
+
+    code = ("from components.training.precision import record, resolve_precision; "
+            "print(resolve_precision('auto'), record('auto')['precision_rule'], record('32-true'))")
+    env = {**os.environ, ENV: "bf16-mixed|chosen by the parent"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split(" ", 1) == ["bf16-mixed", "chosen by the parent {'precision': '32-true'}\n"]

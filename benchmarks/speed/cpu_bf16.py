@@ -1,13 +1,16 @@
 """bf16 autocast against fp32 on this CPU: a fine-tuning step of each head the pipeline trains,
-interleaved in one run (the pretraining step's bf16 rows are pretrain_throughput.py's).
+interleaved in one run (the pretraining step's bf16 rows are pretrain_throughput.py's), with the
+matrix-product rates and what `precision: auto` chose here and why.
 
-On CPUs with AMX (`amx_bf16`: Sapphire Rapids and later) bf16 matrix products run several times
-the fp32 rate; on AVX-512 CPUs without it, bf16 is emulated and far slower. Both rates are
-measured here too. Steps: the default preset's encoder with a classification head on a batch of
+With AMX (`amx_bf16`: Sapphire Rapids and later) bf16 matrix products run several times the fp32
+rate; without bf16 instructions bf16 is emulated and far slower; with `avx512_bf16` alone it
+depends on the CPU (components/training/precision.py). A section per such path: this CPU's
+replaces only its own path's. Steps: the default preset's encoder with a classification head on a batch of
 `finetune.batch_size` × `finetune.task_defaults.max_seq_len`, and the token head on the same batch; AdamW.
 
 Usage:  python -m benchmarks.speed.cpu_bf16 [--steps 12]
-Writes the "bf16 on CPU" section of benchmarks/RESULTS.md.
+Writes the "bf16 on CPU: PATH" section of benchmarks/RESULTS.md (PATH: AMX, avx512_bf16 without AMX,
+no bf16 instructions).
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ from benchmarks.speed.pretrain_throughput import matmul_rate
 from components.core.params import load_params
 from components.model.build import task_model
 from components.model.config import BertConfig
-from components.training.common import has_amx
+from components.training.precision import auto_precision, bf16_speedup, has_amx, has_avx512_bf16
 from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
 SECTION = "## bf16 on CPU"
+
+
+def path_name() -> str:
+    """Which of `precision: auto`'s CPU paths this CPU takes."""
+    return "AMX" if has_amx() else "avx512_bf16 without AMX" if has_avx512_bf16() else "no bf16 instructions"
 
 
 def step_of(kind: str, cfg: BertConfig, B: int, T: int, bf16: bool):
@@ -79,10 +87,13 @@ def main() -> None:
                     f"**{fp32 / bf16:.2f}** |")
         print(rows[-1], flush=True)
     rates = {d: statistics.median(matmul_rate(d) for _ in range(3)) for d in (torch.float32, torch.bfloat16)}
+    choice = auto_precision()
     text = "\n".join([
-        SECTION, "", measured(), "",
-        f"Reproduce: `python -m benchmarks.speed.cpu_bf16` ({torch.get_num_threads()} threads; this CPU "
-        f"{'has' if has_amx() else 'has no'} AMX).",
+        f"{SECTION}: {path_name()}", "", measured(), "",
+        f"Reproduce: `python -m benchmarks.speed.cpu_bf16` ({torch.get_num_threads()} threads).",
+        "",
+        f"`precision: auto` here: {choice.precision} ({choice.reason}); the product that decides "
+        f"where the flags do not ran {bf16_speedup():.2f}× as fast in bf16 as in fp32.",
         "",
         f"Shape: preset `{p.model.preset}`, batch {B} × {T}, dropout {p.model.dropout}, AdamW; median "
         f"of {args.steps} interleaved steps each. 2048² matrix products: fp32 "

@@ -29,7 +29,7 @@ from components.model.arch import arch_of
 from components.model.build import build_model
 from components.model.config import IGNORE, BertConfig
 from components.model.pretraining import count_flops_per_token
-from components.training.common import has_amx
+from components.training.precision import resolve_precision
 from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
@@ -134,10 +134,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="timed steps per model")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--bf16", choices=["auto", "yes", "no"], default="auto",
-                        help="also measure bf16 autocast (auto: where the CPU has AMX)")
+                        help="also measure bf16 autocast (auto: where precision auto trains in bf16)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and has_amx())
+    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and resolve_precision("auto") == "bf16-mixed")
 
     size = p.model.presets[args.preset]
     B, T, V = p.pretrain.batch_size, p.pairs.max_seq_len, p.tokenizer.vocab_size

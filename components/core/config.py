@@ -340,7 +340,8 @@ class PretrainConfig(Section):
         ge=1, description="Save a resumable snapshot every this many optimiser steps.")
     log_every_steps: int = Field(ge=1, description="Log training metrics every this many steps.")
     precision: str = Field(
-        description="`auto` (bf16-mixed on CUDA and on AMX CPUs, else 32) or any Lightning precision.")
+        description="`auto` (bf16-mixed where bf16 products are native and faster, else 32) "
+                    "or a Lightning precision.")
     accelerator: str = Field(description="Lightning accelerator.")
     devices: Text = Field(description="Lightning devices (a count or `auto`).")
     num_nodes: int = Field(ge=1, description="Nodes for multi-node training.")
@@ -478,7 +479,8 @@ class FinetuneConfig(Section):
         description="Starts whose task model is also written as ONNX, and int8 if it answers the test split "
                     "as fp32.")
     precision: str = Field(
-        description="`auto` (bf16-mixed on CUDA and on AMX CPUs, else 32) or any Lightning precision.")
+        description="`auto` (bf16-mixed where bf16 products are native and faster, else 32) "
+                    "or a Lightning precision.")
     grad_clip: Number = Field(ge=0, description="Gradient norm clipping (0: off).")
     deterministic: bool = Field(description="Deterministic kernels only: bit-exact GPU reruns, slower.")
     workers: int = Field(
@@ -553,6 +555,9 @@ class EvaluateConfig(Section):
     """Stages `evaluate@task` and `transfer`: metrics per fit, and what pretraining bought."""
     tfidf_baseline: bool = Field(
         description="Add a TF-IDF + logistic regression reference for text classification.")
+    encoder_spread: dict[str, float] = Field(
+        description="Per task, points a pretraining gain must clear beyond the seed std: how far the "
+                    "task's pretrained score moved between two pretraining seeds of the recipe.")
 
 class TrackingConfig(Section):
     """MLflow tracking and registry."""

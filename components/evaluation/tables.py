@@ -23,20 +23,30 @@ def summarize(values: Sequence[float]) -> dict:
     }
 
 
-def _outcome(better: dict, worse: dict) -> str:
-    """'helps' if the mean gain exceeds the larger seed std, 'hurts' if the loss does, else
-    'within seed spread'."""
+def _outcome(better: dict, worse: dict, margin: float = 0.0) -> str:
+    """'helps' if the mean gain exceeds the larger seed std plus `margin`, 'hurts' if the loss
+    does, else 'within seed spread'."""
     gain = better["mean"] - worse["mean"]
-    spread = max(better["std"], worse["std"])
+    spread = max(better["std"], worse["std"]) + margin
     return "helps" if gain > spread else "hurts" if -gain > spread else "within seed spread"
 
 
-def verdict(pretrained: dict, scratch: dict | None) -> str:
-    """Whether the pretrained-minus-scratch gain exceeds the seed spread of either side."""
+UNMEASURED = "†"  # marks a verdict judged on the seed spread alone: no encoder spread measured
+
+
+def verdict(pretrained: dict, scratch: dict | None, encoder_spread: float | None = None) -> str:
+    """Whether the pretrained-minus-scratch gain exceeds the seed spread of either side plus the
+    task's encoder spread (points: how far its pretrained score moved between two pretraining
+    seeds of the recipe); without one, the seed spread alone, marked †."""
     if scratch is None:
         return NO_VALUE
-    outcome = _outcome(pretrained, scratch)
-    text = outcome if outcome == "within seed spread" else f"pretraining {outcome}"
+    outcome = _outcome(pretrained, scratch, (encoder_spread or 0.0) / 100)
+    if outcome != "within seed spread":
+        text = f"pretraining {outcome}"
+    else:
+        text = outcome if encoder_spread is None else "within seed and encoder spread"
+    if encoder_spread is None:
+        text += UNMEASURED
     if min(pretrained["n"], scratch["n"]) < 2:  # std 0 by convention, not measured
         text += " (single seed: spread unknown)"
     return text
@@ -45,7 +55,7 @@ def verdict(pretrained: dict, scratch: dict | None) -> str:
 def verdicts(row: dict) -> str:
     """The verdict on pretraining; with a checkpoint arm, also on what continued pretraining
     added to the checkpoint as is; with an adapted arm, on what task adaptation added."""
-    text = verdict(row["pretrained"], row.get("scratch"))
+    text = verdict(row["pretrained"], row.get("scratch"), row.get("encoder_spread"))
     if row.get("checkpoint"):
         text += f"; continued pretraining {_outcome(row['pretrained'], row['checkpoint'])}"
     if row.get("adapted"):

@@ -4,12 +4,13 @@ evaluate stats, as Markdown for people and JSON for tools."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from components.core.io import atomic_file
 from components.evaluation.baseline import MOST_FREQUENT_TAG, TFIDF
 from components.evaluation.tables import (
+    UNMEASURED,
     arm_lr,
     arm_steps,
     cost_cells,
@@ -53,9 +54,12 @@ def _baseline_legend(rows: list[dict]) -> str:
 
 
 def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_path: Path,
-                    init_from: str = "", student_layers: Sequence[int] = (), teacher: str = "") -> dict:
+                    init_from: str = "", student_layers: Sequence[int] = (), teacher: str = "",
+                    encoder_spread: Mapping[str, float] | None = None) -> dict:
     """The transfer table over the tasks' evaluate stats: Markdown for people, JSON for tools.
-    `student_layers` and `teacher` (distill's) say what the `distilled` start's student was."""
+    `student_layers` and `teacher` (distill's) say what the `distilled` start's student was;
+    `encoder_spread` (points, per task) what a verdict on pretraining must clear beyond the seeds'."""
+    encoder_spread = encoder_spread or {}
     rows = []
     for name in tasks:
         path = Path(tasks_dir) / name / "evaluate_stats.json"
@@ -68,7 +72,8 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
                      "baseline": baseline[s["metric"]] if baseline else None,
                      "baseline_name": baseline["name"] if baseline else None,
                      "scratch": None, **s["primary"], "teacher": teacher_scores(Path(tasks_dir) / name),
-                     "steps": arm_steps(fits), "lr": arm_lr(fits)})
+                     "steps": arm_steps(fits), "lr": arm_lr(fits),
+                     "encoder_spread": encoder_spread.get(name)})
     seeds = max((r["pretrained"]["n"] for r in rows), default=0)
     encoder = (f"continued pretraining of {init_from} on the corpus" if init_from
                else "pretrained here from random weights")
@@ -93,7 +98,10 @@ def transfer_report(tasks: Sequence[str], tasks_dir: Path, md_path: Path, json_p
     text = ("# What pretraining bought\n\n" + guard_warning(tasks_dir, tasks)
             + f"Test-split scores, mean ± sample std over {seeds} seeds, in percent. {legend}"
             "*gain*: pretrained minus from scratch, in points; *pretraining helps* when the gain "
-            "exceeds the larger seed std; *lr*: each start's peak learning rate, in column order "
+            "exceeds the larger seed std plus the task's encoder spread (how far its pretrained score "
+            "moved on validation between two pretraining seeds of the recipe, evaluate.encoder_spread); "
+            f"{UNMEASURED}: no encoder spread measured, the seed std alone; "
+            "*lr*: each start's peak learning rate, in column order "
             f"(chosen on validation when a rate grid is set).{_baseline_legend(rows)}\n\n"
             + transfer_table(rows))
     cost = cost_cells(rows)

@@ -1,6 +1,5 @@
 """What pretraining and fine-tuning share: the optimizer (AdamW with BERT's weight-decay groups,
-on the linear warmup/decay schedule), gradient clipping, and the precision each device should
-train in."""
+on the linear warmup/decay schedule) and gradient clipping."""
 
 from __future__ import annotations
 
@@ -63,20 +62,3 @@ def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
             return (step + 1) / warmup
         return max(0.0, (total - step) / max(1, total - warmup))
     return factor
-
-
-def has_amx() -> bool:
-    """Whether this CPU multiplies bf16 matrices in AMX tiles (Sapphire Rapids and later), where
-    bf16 products run several times the fp32 rate; without AMX, bf16 is far slower than fp32."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-
-
-def resolve_precision(precision: str) -> str:
-    """`auto`: bf16 mixed precision on CUDA with bf16 and on CPUs with AMX (there bf16 products run
-    several times the fp32 rate and the probe at equal minutes loses nothing; benchmarks/RESULTS.md,
-    "bf16 against fp32"); fp32 on other CPUs, which emulate bf16 far slower than fp32."""
-    if precision != "auto":
-        return precision
-    if torch.cuda.is_available():
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    return "bf16-mixed" if has_amx() else "32-true"

@@ -32,9 +32,9 @@ from components.model.folders import load_tokenizer, read_weights
 from components.model.inputs import Encoded, encode
 from components.model.metadata import read_checkpoint_info, read_encoder_info
 from components.model.soft_targets import attach_targets
-from components.training.common import resolve_precision
 from components.training.fits import Job, run_jobs
 from components.training.plan import FitPlan, Start
+from components.training.precision import record as precision_record
 from components.training.workers import threads_per_worker, worker_count
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def fit_start(name: str, task: TaskConfig, cfg: FinetuneConfig, start: Start, me
     `out_dir`: `fits/`, the search's record, and the first seed's task model in `model/`."""
     init = start.init
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": start.max_len,
-                   "epochs": task.epochs, "precision": resolve_precision(cfg.precision),
+                   "epochs": task.epochs, **precision_record(cfg.precision),
                    **({"scheme": meta["scheme"]} if "scheme" in meta else {}),
                    "train_examples": splits["train"].num_rows, "fits": {},
                    **({"train_windows": len(start.encoded["train"])}

@@ -29,10 +29,10 @@ from components.model.config import BertConfig
 from components.model.decoding import predict, predictions_table
 from components.model.inputs import Encoded, label_space
 from components.training.batching import Batches
-from components.training.common import resolve_precision
 from components.training.export import export_fit
 from components.training.finetune_module import FinetuneModule, FitSpec, score
 from components.training.plan import FitPlan
+from components.training.precision import resolve_precision
 from components.training.workers import map_in_processes
 
 log = logging.getLogger(__name__)

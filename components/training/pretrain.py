@@ -34,9 +34,11 @@ from components.model.electra import ElectraForPretraining, generator_config
 from components.model.folders import write_encoder
 from components.model.masking import Masker
 from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoint_info
-from components.training.common import resolve_precision
+from components.training.precision import record as precision_record
+from components.training.precision import resolve_precision
 from components.training.pretrain_data import masking_spec, most_frequent_baseline
 from components.training.pretrain_module import PairsData, PretrainModule
+from components.training.progress_lines import ProgressLines
 from components.training.snapshot_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -216,6 +218,7 @@ def lightning_trainer(cfg: PretrainConfig, snapshot_dir: Path, mlflow_run: tuple
         from lightning.pytorch.loggers import MLFlowLogger
 
         loggers.append(MLFlowLogger(tracking_uri=mlflow_run[0], run_id=mlflow_run[1]))
+    seconds = progress.line_seconds()  # None where a bar draws (a terminal) or progress is off
     return L.Trainer(
         accelerator=cfg.accelerator, devices=_devices(cfg.devices), num_nodes=cfg.num_nodes,
         strategy=cfg.strategy, precision=resolve_precision(cfg.precision),
@@ -226,7 +229,8 @@ def lightning_trainer(cfg: PretrainConfig, snapshot_dir: Path, mlflow_run: tuple
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, logger=loggers or False,
         callbacks=[ModelCheckpoint(dirpath=snapshot_dir, every_n_train_steps=cfg.snapshot_every_steps,
                                    save_last=True, save_top_k=0),
-                   *([LearningRateMonitor("step")] if loggers else [])],
+                   *([LearningRateMonitor("step")] if loggers else []),
+                   *([ProgressLines("pretrain", seconds)] if seconds else [])],
         enable_progress_bar=progress.enabled(), enable_model_summary=False,
         deterministic=cfg.deterministic, plugins=[AtomicCheckpointIO()],
     )
@@ -253,7 +257,7 @@ def run_stats(trainer, module: PretrainModule, encoder: torch.nn.Module, cfg: Pr
             "replaced_fraction": final.get("val/replaced_fraction"),
             "generator_parameters": sum(p.numel() for p in module.model.gen.parameters())}
            if cfg.objective == "electra" else {}),
-        "world_size": trainer.world_size, "precision": resolve_precision(cfg.precision),
+        "world_size": trainer.world_size, **precision_record(cfg.precision),
         "machine": cpu_facts(),  # what decides the last bits (docs/reliability.md#reproducibility)
     }
     if checkpoint.init_from:
