@@ -342,12 +342,14 @@ def test_the_configuration_reference_is_current():
     page = PAGE.read_text()
     assert page_with_reference(page) == page, "run `python -m pipeline.reference`"
     reference = reference_markdown()
-    items = ("finetune.tasks.", "model.presets.", "ingest.sources", "clean.replacements")
+    items = ("finetune.tasks.", "model.presets.", "ingest.sources", "clean.replacements",
+             "evaluate.encoder_spread.")  # a value per task: one row for the mapping
     # Every key of params.yaml, nested ones included.
     for key in flatten(load_params(ROOT / "params.yaml").model_dump()):
         if not key.startswith(items):  # these have a table for one item (below)
             assert f"| `{key}` |" in reference, key
     for key in ("finetune.tasks.<name>.kind", "finetune.task_defaults.lr", "model.presets.<name>.layers",
+                "evaluate.encoder_spread",
                 "ingest.sources[].name", "ingest.source_defaults.path", "clean.replacements[].pattern"):
         assert f"| `{key}` |" in reference, key
 
