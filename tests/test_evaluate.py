@@ -233,7 +233,7 @@ def test_transfer_table_verdicts():
 @pytest.mark.parametrize("encoder_spread, said", [
     (None, "pretraining helps†"),  # +3.0 points beyond the seeds' 1.0: the seeds alone
     (1.5, "pretraining helps"),  # beyond 1.0 + 1.5
-    (2.5, "within seed and encoder spread"),  # not beyond 1.0 + 2.5: two encoders differ this much
+    (2.5, "within both spreads"),  # not beyond 1.0 + 2.5: two encoders differ this much
 ])
 def test_a_gain_must_clear_the_encoder_spread_too(encoder_spread, said):
     row = {"task": "t", "kind": "cls", "metric": "accuracy", "pretrained": summarize([0.82, 0.83, 0.84]),

@@ -44,7 +44,7 @@ def verdict(pretrained: dict, scratch: dict | None, encoder_spread: float | None
     if outcome != "within seed spread":
         text = f"pretraining {outcome}"
     else:
-        text = outcome if encoder_spread is None else "within seed and encoder spread"
+        text = outcome if encoder_spread is None else "within both spreads"
     if encoder_spread is None:
         text += UNMEASURED
     if min(pretrained["n"], scratch["n"]) < 2:  # std 0 by convention, not measured
