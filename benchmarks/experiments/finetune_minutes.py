@@ -18,6 +18,7 @@ from benchmarks.exported import project_option
 from benchmarks.results import measured, write_section
 from components.core.params import load_params
 from components.core.tracking import client, experiment_id
+from components.evaluation.tables import markdown
 
 SECTION = "## Fine-tuning minutes"
 
@@ -77,10 +78,9 @@ def main() -> None:
     table = rows(args.project)
     header = ["task", "start", "stage min", "search min", "fits min", "workers",
               "steps a fit", "steps after best"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in table]
     total = [sum(float(r[i]) for r in table) for i in (2, 3, 4)]
-    lines.append(f"| **all** | | **{total[0]:.1f}** | {total[1]:.1f} | {total[2]:.1f} | | | |")
+    lines = markdown(header, [*table, ["**all**", "", f"**{total[0]:.1f}**", f"{total[1]:.1f}",
+                                       f"{total[2]:.1f}", "", "", ""]]).splitlines()
     text = "\n".join([
         SECTION, "", measured(), "",
         "Reproduce: `python -m benchmarks.experiments.finetune_minutes --project DIR`, DIR a project "
