@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -247,6 +248,19 @@ def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
 
 
 @pytest.mark.slow
+def test_workers_0_runs_three_fits_on_two_cores_at_once_with_a_thread_each(monkeypatch):
+    # Two workers would fit seeds 1 and 2, then seed 3 alone with a core idle: 2 fits' time.
+    from components.training.workers import threads_per_worker, worker_count
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert worker_count(0, 3) == 3 and threads_per_worker(3) == 1  # a thread each: the same bits
+    assert worker_count(0, 2) == 2 and threads_per_worker(2) == 1
+    assert worker_count(0, 8) == 3  # at most 1.5 a core: each process costs its imports and memory
+    assert worker_count(1, 3) == 1  # an explicit count is kept
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert worker_count(0, 3) == 3 and threads_per_worker(3) == 5  # many cores: split, as before
+
+
 def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_path):
     # The suite fits in its own process (conftest's IN_PROCESS); a run's default spreads the
     # fits over worker processes, which must train and predict exactly what one process does.

@@ -47,7 +47,7 @@ def test_sparse_mlm_loss_equals_dense():
     with torch.no_grad():
         out = model(ids, types, torch.ones_like(ids, dtype=torch.bool), labels)
         hidden = model.encoder(ids, types, torch.ones_like(ids, dtype=torch.bool))
-        dense = model.mlm(hidden)  # (B, T, V): every position
+        dense = model.mlm.logits(hidden)  # (B, T, V): every position
         dense_loss = F.cross_entropy(dense.view(-1, CFG.vocab_size), labels.view(-1), ignore_index=IGNORE)
     assert torch.allclose(out["mlm_loss"], dense_loss, atol=1e-6)
     assert out["mlm_logits"].shape == (int((labels != IGNORE).sum()), CFG.vocab_size)

@@ -44,7 +44,7 @@ def test_transformers_loads_our_modern_encoder_natively_with_equal_logits(tmp_pa
     ids, mask = _ids(), torch.ones(2, 24, dtype=torch.long)
     mask[1, 17:] = 0
     with torch.no_grad():
-        got = ours.mlm(ours.encoder(ids, None, mask))  # (B, T, V)
+        got = ours.mlm.logits(ours.encoder(ids, None, mask))  # (B, T, V)
         want = theirs.eval()(input_ids=ids, attention_mask=mask).logits
         wide = build_model(replace(CFG, local_window=64)).eval()
         wide.load_state_dict(ours.state_dict())
@@ -76,7 +76,7 @@ def test_a_transformers_modern_bert_loads_into_ours_with_equal_logits(tmp_path):
     assert fresh == ["nsp", "pooler"]  # ModernBERT has neither
     ids = _ids(seed=2)
     with torch.no_grad():
-        assert torch.allclose(ours.eval().mlm(ours.encoder(ids)), hf(input_ids=ids).logits, atol=1e-4)
+        assert torch.allclose(ours.eval().mlm.logits(ours.encoder(ids)), hf(input_ids=ids).logits, atol=1e-4)
 
 
 def test_every_query_sees_something_under_padding_and_a_window():

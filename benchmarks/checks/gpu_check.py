@@ -112,7 +112,7 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
     theirs, loading = AutoModelForMaskedLM.from_pretrained(root / "encoder", output_loading_info=True)
     ids = torch.tensor([load(root / "tokenizer").encode(rows[0][0]).ids])
     with torch.no_grad():
-        ours = model.eval().mlm(model.encoder(ids))
+        ours = model.eval().mlm.logits(model.encoder(ids))
         delta = (ours - theirs.eval()(input_ids=ids).logits).abs().max().item()
 
     p = load_params(ROOT / "params.yaml")

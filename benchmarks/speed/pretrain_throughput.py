@@ -29,7 +29,9 @@ from components.model.arch import arch_of
 from components.model.build import build_model
 from components.model.config import IGNORE, BertConfig
 from components.model.pretraining import count_flops_per_token
+from components.training.compiling import maybe_compile
 from components.training.precision import resolve_precision
+from pipeline.ops.env import keep_freed_memory
 from components.training.pretrain import bert_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
@@ -72,7 +74,8 @@ def pair_steps(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bo
     """One training step of ours (`compiled`: through torch.compile) and one of transformers'
     (closures), on the same batch."""
     ours, hf = build_model(cfg).to(device).train(), transformers_twin(cfg).to(device).train()
-    forward = torch.compile(ours) if compiled else ours  # compiled in the warm-up steps
+    if compiled:  # as pretrain.compile does it; compiled in the warm-up steps
+        maybe_compile(ours, "on", device)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, cfg.vocab_size, (B, T), generator=g)
     types = (torch.arange(T) >= T // 2).long().expand(B, T).contiguous()
@@ -90,7 +93,7 @@ def pair_steps(cfg: BertConfig, B: int, T: int, mlm_probability: float, bf16: bo
     def step_ours() -> None:
         with cast():
             # the modern recipe has no NSP (packing): the classic one trains it
-            loss = forward(ids, types, attention, labels, None if cfg.arch == "modern" else nsp)["loss"]
+            loss = ours(ids, types, attention, labels, None if cfg.arch == "modern" else nsp)["loss"]
         loss.backward()
         opt_ours.step()
         opt_ours.zero_grad(set_to_none=True)
@@ -142,6 +145,7 @@ def main() -> None:
                         help="also measure our modern step through torch.compile (C++ compiler needed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # glibc as the pipeline keeps it (pipeline/ops/env.py), for both models
     bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and resolve_precision("auto") == "bf16-mixed")
 
     size = p.model.presets[args.preset]
@@ -176,9 +180,10 @@ def main() -> None:
         f"MLM only at ModernBERT's 30% (window {m.local_window}, a global layer every "
         f"{m.global_every}). MFU: model FLOPs (matmuls and attention, forward and backward, the "
         "MLM head on the selected positions only) per second against the matrix-product rate "
-        "of the same precision (2048² products) measured in the same run. *compiled*: our model "
-        "through `torch.compile` (default mode; compiled in the warm-up, on the same batch every "
-        "step, so one graph).",
+        "of the same precision (2048² products) measured in the same run. glibc keeps freed memory "
+        "for both models, as the pipeline's processes do. *compiled*: our encoder blocks and MLM "
+        "head with its loss through `torch.compile`, as `pretrain.compile: on` (compiled in the "
+        "warm-up).",
         "",
         "| encoder | precision | masked | ours tokens/s | transformers (sdpa) tokens/s | "
         "ratio (modern's target ≥ 1.3) | matmul GFLOP/s | MFU (modern's target ≥ 65%) |",

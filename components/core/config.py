@@ -342,6 +342,8 @@ class PretrainConfig(Section):
     precision: str = Field(
         description="`auto` (bf16-mixed where bf16 products are native and faster, else 32) "
                     "or a Lightning precision.")
+    compile: Literal["auto", "on", "off"] = Field(
+        description="The step through torch.compile: auto on CUDA with Triton, on (CPUs too), off.")
     accelerator: str = Field(description="Lightning accelerator.")
     devices: Text = Field(description="Lightning devices (a count or `auto`).")
     num_nodes: int = Field(ge=1, description="Nodes for multi-node training.")
@@ -484,7 +486,8 @@ class FinetuneConfig(Section):
     grad_clip: Number = Field(ge=0, description="Gradient norm clipping (0: off).")
     deterministic: bool = Field(description="Deterministic kernels only: bit-exact GPU reruns, slower.")
     workers: int = Field(
-        ge=0, description="Fits trained at once in separate processes; 0: one per core (one on a GPU).")
+        ge=0, description="Fits trained at once in separate processes; 0: one per fit, up to 1.5 a core "
+                          "(one on a GPU).")
 
     @field_validator("tasks")
     @classmethod

@@ -68,7 +68,7 @@ def fill_mask(enc: LoadedEncoder, text: str, top_k: int = 5) -> list[list[tuple[
     if len(positions) == 0:
         raise DataError(f"no {MASK} in {text!r}: write {MASK} where a word should be predicted")
     hidden = enc.model.encoder(ids, attention_mask=attention)  # (1, T, H)
-    probs = enc.model.mlm(hidden[0, positions]).softmax(-1)  # (M, V)
+    probs = enc.model.mlm.logits(hidden[0, positions]).softmax(-1)  # (M, V)
     top = probs.topk(top_k, dim=-1)
     return [[(enc.tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(ps, idx, strict=True)]
             for ps, idx in zip(top.values, top.indices, strict=True)]

@@ -29,10 +29,16 @@ class MLMHead(nn.Module):
         self.decoder = embeddings  # tied: the (V, H) weight is shared, not copied
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        # h: (N, H) at selected positions only; the (N, V) projection dominates the cost, so it
-        # is never computed for the ~85% of positions that carry no label.
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., V) scores over the vocabulary."""
         return F.linear(self.norm(F.gelu(self.dense(h))), self.decoder.weight, self.bias)
+
+    def forward(self, h: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # h: (N, H) at selected positions only; the (N, V) projection dominates the cost, so it
+        # is never computed for the ~85% of positions that carry no label. Logits and loss in
+        # one call: compiled (training/compiling.py), the log-softmax fuses into the loss.
+        logits = self.logits(h)  # (N, V)
+        return logits, F.cross_entropy(logits, targets)
 
 
 class SpanBoundaryHead(nn.Module):
@@ -98,8 +104,8 @@ class BertForPretraining(nn.Module):
         if self.mlm is not None:
             selected = mlm_labels != IGNORE  # (B, T)
             targets = mlm_labels[selected]  # (N,)
-            logits = self.mlm(hidden[selected])  # (N, V)
-            out.update(mlm_loss=F.cross_entropy(logits, targets), mlm_logits=logits, mlm_targets=targets)
+            logits, mlm_loss = self.mlm(hidden[selected], targets)  # (N, V), ()
+            out.update(mlm_loss=mlm_loss, mlm_logits=logits, mlm_targets=targets)
             loss = loss + out["mlm_loss"]
         if self.rtd is not None:
             # rtd_labels: (B, T) 1 where the generator replaced the token; padding carries no loss.

@@ -90,7 +90,7 @@ def replace_words(model, tok, docs: list[list[str]], allowed: torch.Tensor, prob
         spots = [(b, *spot) for b, i in enumerate(index) for spot in windows[i][1]]  # (b, p, d, w, id)
         rows, cols = torch.tensor([s[0] for s in spots]), torch.tensor([s[1] for s in spots])
         hidden = model.encoder(ids, torch.zeros_like(ids), real)  # (B, T, H)
-        logits = model.mlm(hidden[rows, cols]).float()  # (N, V)
+        logits = model.mlm.logits(hidden[rows, cols]).float()  # (N, V)
         logits[:, ~allowed] = float("-inf")
         logits[torch.arange(len(spots)), torch.tensor([s[4] for s in spots])] = float("-inf")  # not the word
         top = logits.topk(top_k, dim=-1)  # (N, k)

@@ -34,6 +34,7 @@ from components.model.electra import ElectraForPretraining, generator_config
 from components.model.folders import write_encoder
 from components.model.masking import Masker
 from components.model.metadata import CheckpointInfo, EncoderInfo, read_checkpoint_info
+from components.training.compiling import maybe_compile
 from components.training.precision import record as precision_record
 from components.training.precision import resolve_precision
 from components.training.pretrain_data import masking_spec, most_frequent_baseline
@@ -149,6 +150,7 @@ def pretrain(*, model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokeni
     resume = checked_snapshot(last) if last.exists() else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     network, fresh = start_network(bert, cfg, checkpoint, checkpoint_dir)
+    compiled = maybe_compile(network, cfg.compile, cfg.accelerator)
     module = PretrainModule(network, cfg, tuple(fresh))
     spec = masking_spec(cfg, tokenizer_dir, pairs_dir / "train")
     masker = Masker(spec)
@@ -169,7 +171,7 @@ def pretrain(*, model: ModelConfig, cfg: PretrainConfig, pairs_dir: Path, tokeni
     if not trainer.is_global_zero:
         return {}
     encoder = getattr(module.model, "disc", module.model)  # ELECTRA: the discriminator, not the generator
-    stats = run_stats(trainer, module, encoder, cfg, checkpoint, fresh)
+    stats = {**run_stats(trainer, module, encoder, cfg, checkpoint, fresh), **compiled.record()}
     stats["baseline_most_frequent_accuracy"] = most_frequent_baseline(pairs_dir, masker, cfg)
     # The export describes the encoder for fine-tuning: with the fine-tuning dropout.
     write_encoder(encoder, EncoderInfo(replace(bert, dropout=model.dropout), checkpoint.init_from,
