@@ -273,6 +273,19 @@ def pairs_out(stages_dir) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="session")
+def stream_pairs(stages_dir, tmp_path_factory) -> Path:
+    """The pairs stage on the small corpus in stream mode (the modern recipe's full rows), once
+    per session."""
+    from components.core.config import ExecutorConfig, PairsConfig
+    from components.data.pairs import make_pairs
+
+    out = tmp_path_factory.mktemp("stream") / "pairs"
+    make_pairs(section(PairsConfig, mode="stream"), section(ExecutorConfig, workers=2),
+               stages_dir / "clean", stages_dir / "tokenizer", out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_encoder(stages_dir, tmp_path_factory):
     """A tiny encoder exported as the pretrain stage exports it (random weights: these tests
     check the mechanics; what pretraining buys is measured by the pipeline)."""

@@ -14,7 +14,7 @@ from components.model.build import build_model
 from components.model.config import IGNORE
 from components.training.compiling import backend_missing, decide, maybe_compile
 from tests.conftest import encoder_config, run_cli
-from tests.test_pretrain import _project, stream_pairs  # noqa: F401 - its fixture
+from tests.test_pretrain import _project
 
 needs_compiler = pytest.mark.skipif(backend_missing("cpu") is not None, reason="no C++ compiler here")
 
@@ -47,7 +47,7 @@ def test_the_compiled_step_gives_the_eager_losses_and_gradients_to_rounding():
             loss.backward()
             losses.append(loss.detach())
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
-        for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # exports read the same names
     assert [m._compiled_call_impl is not None for m in compiled.modules()].count(True) == 4  # blocks, head
@@ -63,7 +63,7 @@ def test_auto_leaves_cpus_eager_and_on_needs_a_backend(monkeypatch):
     maybe_compile(model, "auto", "cpu")
     assert all(m._compiled_call_impl is None for m in model.modules())  # left eager
     monkeypatch.setattr(config.cpp, "cxx", ("no-such-compiler-here",))
-    with pytest.raises(ConfigError, match="pretrain.compile: on, but torch.compile has no C\\+\\+ compiler on cpu"):
+    with pytest.raises(ConfigError, match=r"pretrain.compile: on, but torch.compile has no C\+\+ compiler"):
         decide("on", "cpu")
 
 

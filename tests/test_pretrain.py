@@ -99,18 +99,6 @@ def _project(root: Path, stages_dir: Path, pairs_dir: Path, recipe: str = "class
     return write_params(root, small_params(**sections))
 
 
-@pytest.fixture(scope="module")
-def stream_pairs(stages_dir, tmp_path_factory) -> Path:
-    """The pairs stage on the small corpus in stream mode (the modern recipe's full rows)."""
-    from components.core.config import ExecutorConfig, PairsConfig
-    from components.data.pairs import make_pairs
-
-    out = tmp_path_factory.mktemp("stream") / "pairs"
-    make_pairs(section(PairsConfig, mode="stream"), section(ExecutorConfig, workers=2),
-               stages_dir / "clean", stages_dir / "tokenizer", out)
-    return out
-
-
 def _weights(export: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -54,8 +54,8 @@ def main() -> None:
             print(workers, round(wall, 1), fits[workers], flush=True)
     same = fits[2] == fits[3]
     base = statistics.median(walls[2])
-    rows = [f"| {w} | {' / '.join(f'{s:.0f}' for s in walls[w])} | **{base / statistics.median(walls[w]):.2f}** |"
-            for w in VARIANTS]
+    rows = [f"| {w} | {' / '.join(f'{s:.0f}' for s in walls[w])} | "
+            f"**{base / statistics.median(walls[w]):.2f}** |" for w in VARIANTS]
     write_section("\n".join([
         SECTION, "", measured(), "",
         f"Reproduce: `python -m benchmarks.speed.fit_workers --task {args.task} --init {args.init} "

@@ -31,8 +31,8 @@ from components.model.config import IGNORE, BertConfig
 from components.model.pretraining import count_flops_per_token
 from components.training.compiling import maybe_compile
 from components.training.precision import resolve_precision
-from pipeline.ops.env import keep_freed_memory
 from components.training.pretrain import bert_config
+from pipeline.ops.env import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
