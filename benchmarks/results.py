@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -62,3 +64,14 @@ def measured() -> str:
     gpu = f"GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no GPU"
     return (f"Measured {date.today().isoformat()} on {f['cpu_model']} ({f['cpu_id'] or 'id unknown'}; "
             f"flags {f['cpu_flags'] or 'none listed'}), {f['threads']} threads, torch {f['torch']}, {gpu}.")
+
+
+def interleaved(rounds: int, keys: list, measure: Callable[[Any], Any]) -> dict[Any, list]:
+    """`measure(key)` for every key, `rounds` times over, round by round, so that a busy spell
+    of the machine hits every variant alike: each key's results in round order."""
+    got: dict[Any, list] = {key: [] for key in keys}
+    for _ in range(rounds):
+        for key in keys:
+            got[key].append(measure(key))
+            print(key, got[key][-1], flush=True)
+    return got

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.results import measured, write_section
+from benchmarks.results import interleaved, measured, write_section
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
 
@@ -68,12 +68,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    got = {(v, short): [] for v in VARIANTS for short in (True, False)}
-    for _ in range(args.rounds):  # interleaved: a busy spell of the machine hits every variant alike
-        for short in (True, False):
-            for setting in VARIANTS:
-                got[setting, short].append(run(args.steps, short, setting, args.warmup))
-                print(setting, short, got[setting, short][-1], flush=True)
+    keys = [(setting, short) for short in (True, False) for setting in VARIANTS]
+    got = interleaved(args.rounds, keys, lambda key: run(args.steps, key[1], key[0], args.warmup))
     write_section(section(args, got))
 
 

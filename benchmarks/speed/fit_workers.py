@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.exported import project_option
-from benchmarks.results import measured, write_section
+from benchmarks.results import interleaved, measured, write_section
 from components.core.params import load_params
 from components.training.finetune import finetune_start
 
@@ -45,14 +45,11 @@ def main() -> None:
     parser.add_argument("--init", default="pretrained")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    walls: dict[int, list[float]] = {w: [] for w in VARIANTS}
-    fits: dict[int, dict] = {}
-    for _ in range(args.rounds):  # interleaved: a busy spell of the machine hits both alike
-        for workers in VARIANTS:
-            wall, fits[workers] = stage(args.project, args.task, args.init, workers)
-            walls[workers].append(wall)
-            print(workers, round(wall, 1), fits[workers], flush=True)
-    same = fits[2] == fits[3]
+    got = interleaved(args.rounds, list(VARIANTS),
+                      lambda workers: stage(args.project, args.task, args.init, workers))
+    walls = {w: [wall for wall, _ in runs] for w, runs in got.items()}
+    fits = {w: runs[-1][1] for w, runs in got.items()}
+    same = all(run[1] == fits[2] for runs in got.values() for run in runs)
     base = statistics.median(walls[2])
     rows = [f"| {w} | {' / '.join(f'{s:.0f}' for s in walls[w])} | "
             f"**{base / statistics.median(walls[w]):.2f}** |" for w in VARIANTS]

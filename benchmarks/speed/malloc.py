@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.results import measured, write_section
+from benchmarks.results import interleaved, measured, write_section
 from pipeline.ops.env import TUNABLES
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its params files and data/
@@ -76,12 +76,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    got = {(v, short): [] for v in VARIANTS for short in (True, False)}
-    for _ in range(args.rounds):  # interleaved: a busy spell of the machine hits every variant alike
-        for short in (True, False):
-            for name, tunables in VARIANTS.items():
-                got[name, short].append(per_step(args.steps, short, tunables))
-                print(name, short, got[name, short][-1], flush=True)
+    keys = [(name, short) for short in (True, False) for name in VARIANTS]
+    got = interleaved(args.rounds, keys, lambda key: per_step(args.steps, key[1], VARIANTS[key[0]]))
     write_section(section(args, got))
 
 
