@@ -247,7 +247,6 @@ def test_loading_an_encoder_leaves_the_random_stream_alone(tiny_encoder):
     assert torch.equal(*draws)
 
 
-@pytest.mark.slow
 def test_workers_0_runs_three_fits_on_two_cores_at_once_with_a_thread_each(monkeypatch):
     # Two workers would fit seeds 1 and 2, then seed 3 alone with a core idle: 2 fits' time.
     from components.training.workers import threads_per_worker, worker_count
@@ -261,6 +260,7 @@ def test_workers_0_runs_three_fits_on_two_cores_at_once_with_a_thread_each(monke
     assert worker_count(0, 3) == 3 and threads_per_worker(3) == 5  # many cores: split, as before
 
 
+@pytest.mark.slow
 def test_fits_in_worker_processes_are_the_fits_of_one_process(tiny_encoder, tmp_path):
     # The suite fits in its own process (conftest's IN_PROCESS); a run's default spreads the
     # fits over worker processes, which must train and predict exactly what one process does.
