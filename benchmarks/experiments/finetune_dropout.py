@@ -59,8 +59,9 @@ def main() -> None:
                 rate = next(iter(ran["fits"].values()))["lr"]
                 task = p.finetune.tasks[name].model_copy(update={"lr": [rate]})
                 start = time.perf_counter()
-                stats = finetune_start(name, task, p.finetune, init=init, task_dir=project / p.paths.tasks / name,
-                                       encoder_dir=encoder, out_dir=Path(tmp) / name / init)
+                stats = finetune_start(name, task, p.finetune, init=init,
+                                       task_dir=project / p.paths.tasks / name, encoder_dir=encoder,
+                                       out_dir=Path(tmp) / name / init)
                 minutes = (time.perf_counter() - start) / 60
                 new, old = points(stats["fits"]), points(ran["fits"])
                 margin = max(statistics.stdev(new), statistics.stdev(old)) + \
@@ -74,7 +75,7 @@ def main() -> None:
                 print(" | ".join(rows[-1]), flush=True)
     write_section("\n".join([
         SECTION, "", measured(), "",
-        f"Reproduce: `python -m benchmarks.experiments.finetune_dropout --project DIR` (DIR after "
+        "Reproduce: `python -m benchmarks.experiments.finetune_dropout --project DIR` (DIR after "
         "`make run`; validation only).", "",
         "Each start's fits (its seeds, at the rate the run's search chose) from the run's encoder with "
         "dropout 0.1 (the run's) and 0 (everywhere: embeddings, attention, feed-forward, heads). "
