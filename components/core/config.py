@@ -251,7 +251,8 @@ class ModelConfig(Section):
     max_position: int = Field(
         ge=8, description="Longest sequence: learned positions (classic), RoPE's reach (modern).")
     dropout: Number = Field(
-        ge=0, lt=1, description="Dropout on embeddings, attention probabilities and block outputs.")
+        ge=0, lt=1, description="Fine-tuning's dropout (embeddings, attention, block outputs, heads), "
+                                "kept with the export.")
     norm: Literal["post", "pre"] = Field(
         description="classic: LayerNorm placement, post (BERT) or pre (modern: pre).")
     local_window: int = Field(

@@ -52,17 +52,15 @@ def decide(setting: str, device: str) -> Compiled:
     """`setting` (auto, on, off) on `device`: compiled or not, and the rule that said so."""
     if setting == "off":
         return Compiled(False, "compile: off")
-    missing = backend_missing(device)
-    if setting == "on":
-        if missing:
-            raise ConfigError(f"pretrain.compile: on, but torch.compile has {missing} on {device}: "
-                              "install one, or set it to auto or off")
-        return Compiled(True, "compile: on")
-    if device != "cuda":
+    if setting == "auto" and device != "cuda":
         return Compiled(False, "compile: auto, eager on CPU (compiled steps measured no faster)")
+    missing = backend_missing(device)
+    if missing and setting == "on":
+        raise ConfigError(f"pretrain.compile: on, but torch.compile has {missing} on {device}: "
+                          "install one, or set it to auto or off")
     if missing:
         return Compiled(False, f"compile: auto, eager: {missing}")
-    return Compiled(True, "compile: auto, CUDA with Triton")
+    return Compiled(True, "compile: on" if setting == "on" else "compile: auto, CUDA with Triton")
 
 
 def step_device(accelerator: str) -> str:
