@@ -39,9 +39,6 @@ env.configure()
 # cores that tripled test_finetune's CPU time. test_finetune checks that fits in worker processes
 # (the default, workers 0) are exactly these.
 IN_PROCESS = {"finetune": {"workers": 1}}
-# Eager steps: compiling a tiny model's step costs more (10-30 CPU-s a shape) than its few dozen
-# steps take. tests/test_compile.py checks the compiled step against the eager one.
-EAGER = {"pretrain": {"compile": "off"}}
 # Data shards in the stage's own process too (one worker: no pool): a spawned shard worker imports
 # the stage's libraries again, ~3 CPU-s, on cores the suite already fills. The pool is checked
 # where it matters: stages_dir's clean and pairs_out use two workers (test_corpus and test_pairs
@@ -49,7 +46,6 @@ EAGER = {"pretrain": {"compile": "off"}}
 POOL = {"executor": {"workers": 2}}
 SMALL = {
     **IN_PROCESS,
-    **EAGER,
     "paths": {"packages": str(PACKAGES)},
     "executor": {"workers": 1},
     "ingest": {
@@ -93,12 +89,12 @@ def project_params():
 def section(cls: type[M], **changes) -> M:
     """params.yaml's section of type `cls` with `changes`, checked as a file's would be: the code
     holds no defaults, so a test starts from the project's values as a user does (fits in the
-    test's process: IN_PROCESS; eager steps: EAGER)."""
+    test's process: IN_PROCESS)."""
     from components.core.config import Params
 
     name = next(n for n, f in Params.model_fields.items() if f.annotation is cls)
     return cls.model_validate({**getattr(project_params(), name).model_dump(), **IN_PROCESS.get(name, {}),
-                               **EAGER.get(name, {}), **changes})
+                               **changes})
 
 
 def task_config(kind: str, source: str, **changes):
