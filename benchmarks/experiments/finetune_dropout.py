@@ -1,4 +1,4 @@
-"""Fine-tuning without dropout against a finished run's fits (model.dropout 0.1): what dropout,
+"""Fine-tuning without dropout against a finished run's fits (its model.dropout): what dropout,
 25-30% of a fine-tuning step's forward and backward on CPU, buys on validation.
 
 Each task's starts are fitted again from the run's encoder with its exported dropout set to 0
@@ -29,13 +29,15 @@ from components.training.finetune import finetune_start
 SECTION = "## Fine-tuning without dropout"
 
 
-def without_dropout(encoder: Path, out: Path) -> Path:
-    """A copy of the exported `encoder` whose recorded fine-tuning dropout is 0."""
+def without_dropout(encoder: Path, out: Path) -> float:
+    """Copy the exported `encoder` to `out` with its recorded fine-tuning dropout set to 0; the
+    dropout the run fitted with."""
     shutil.copytree(encoder, out)
     info = json.loads((out / "bertflow.json").read_text())
+    ran = info["config"]["dropout"]
     info["config"]["dropout"] = 0.0
     (out / "bertflow.json").write_text(json.dumps(info, indent=2))
-    return out
+    return ran
 
 
 def points(fits: dict) -> list[float]:
@@ -51,7 +53,8 @@ def main() -> None:
     p = load_params(project / "params.yaml")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        encoder = without_dropout(project / p.paths.models / "encoder", Path(tmp) / "encoder")
+        encoder = Path(tmp) / "encoder"
+        ran_dropout = without_dropout(project / p.paths.models / "encoder", encoder)
         for name in args.task or list(p.finetune.tasks):
             for init in ("pretrained", "scratch"):
                 ran = json.loads((project / p.paths.metrics / "tasks" / name /
@@ -77,11 +80,12 @@ def main() -> None:
         SECTION, "", measured(), "",
         "Reproduce: `python -m benchmarks.experiments.finetune_dropout --project DIR` (DIR after "
         "`make run`; validation only).", "",
-        "Each start's fits (its seeds, at the rate the run's search chose) from the run's encoder with "
-        "dropout 0.1 (the run's) and 0 (everywhere: embeddings, attention, feed-forward, heads). "
+        "Each start's fits (its seeds, at the rate the run's search chose) from the run's encoder "
+        f"with dropout {ran_dropout:g} (the run's) and 0 (everywhere: embeddings, attention, "
+        "feed-forward, heads). "
         "Margin: the larger seed std plus the task's `evaluate.encoder_spread`.", "",
-        markdown(["task", "start", "rate", "dropout 0.1 (validation)", "dropout 0", "gain", "margin",
-                  "verdict", "minutes without"], rows), ""]))
+        markdown(["task", "start", "rate", f"dropout {ran_dropout:g} (validation)", "dropout 0", "gain",
+                  "margin", "verdict", "minutes without"], rows), ""]))
 
 
 if __name__ == "__main__":
