@@ -142,6 +142,7 @@ def main() -> None:
                         help="an encoder already trained as that preset and seed at its budget")
     parser.add_argument("--report", action="store_true",
                         help="only write RESULTS.md's section from the records in --workdir so far")
+    parser.add_argument("--title", help="the RESULTS.md section's title (without '## ')")
     args = parser.parse_args()
     work = args.workdir
     if args.report:
@@ -177,6 +178,7 @@ def main() -> None:
             scores = probe(out, p.finetune.tasks, p.finetune, ROOT / p.paths.tasks, work / "probe" / out.name,
                            args.probe_seeds)
             r = {"preset": name, "seed": seed, "steps": steps[name], "pretrain_minutes": wall / 60,
+                 "measured": measured(),  # where it ran: --report may write the section elsewhere
                  "probe_minutes": (time.perf_counter() - began) / 60, "timing": timing.get(name),
                  "mlm_accuracy": stats["mlm_accuracy"], "probe": scores}
             record.write_text(json.dumps(r, indent=1))
@@ -190,17 +192,22 @@ def main() -> None:
 def section(args: argparse.Namespace, steps: dict[str, int], results: list[dict], missing: list[str]) -> str:
     """RESULTS.md's section: how to reproduce, what was run, the table (and what is still to run)."""
     # Other presets get a section of their own: write_section replaces a section by its title.
-    title = SECTION if args.presets == DEFAULT_PRESETS else (
-        "## The transfer probe, time-matched: " + " against ".join(args.presets))
+    timed = any(r.get("timing") for r in results)
+    title = "## " + args.title if args.title else SECTION if args.presets == DEFAULT_PRESETS else (
+        "## The transfer probe" + (", time-matched: " if timed else ": ") + " against ".join(args.presets))
+    machines = list(dict.fromkeys(r["measured"] for r in results if "measured" in r)) or [measured()]
     return "\n".join([
-        title, "", measured(), "",
+        title, "", *machines, "",
         "Reproduce: `python -m benchmarks.experiments.arch_probe --presets " + " ".join(args.presets) +
-        " --steps " + " ".join(f"{n}={s}" for n, s in steps.items()) + "` (2 threads, no GPU).", "",
+        " --seeds " + " ".join(map(str, args.seeds)) +
+        " --steps " + " ".join(f"{n}={s}" for n, s in steps.items()) + "` (on the machine named above).", "",
         f"Each preset pretrained with {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); "
         f"each encoder fine-tuned by the transfer probe with {len(args.probe_seeds)} seeds, "
-        "validation splits (test never read). Steps: the first preset's own budget; the others "
-        "the steps that take the same minutes on this machine, timed side by side. Held-out MLM "
-        "accuracy is at each preset's own masking rate, so it does not compare across presets.", "",
+        "validation splits (test never read). Steps: " +
+        ("the first preset's own budget; the others the steps that take the same minutes on this "
+         "machine, timed side by side. " if timed else "as given, the same for every seed. ") +
+        "Held-out MLM accuracy is at each preset's own masking rate, so it does not compare across "
+        "presets.", "",
         *table(results), "",
         *([f"Not run yet: {', '.join(missing)}. One pretraining seed per preset is no finding: the "
            "spread between two pretraining runs of one recipe is what a lead must clear.", ""]
