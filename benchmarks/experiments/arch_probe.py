@@ -201,7 +201,8 @@ def section(args: argparse.Namespace, steps: dict[str, int], results: list[dict]
         "Reproduce: `python -m benchmarks.experiments.arch_probe --presets " + " ".join(args.presets) +
         " --seeds " + " ".join(map(str, args.seeds)) +
         " --steps " + " ".join(f"{n}={s}" for n, s in steps.items()) + "` (on the machine named above).", "",
-        f"Each preset pretrained with {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); "
+        f"Each preset pretrained with {len(args.seeds)} seed{'s' * (len(args.seeds) > 1)} "
+        f"({', '.join(map(str, args.seeds))}); "
         f"each encoder fine-tuned by the transfer probe with {len(args.probe_seeds)} seeds, "
         "validation splits (test never read). Steps: " +
         ("the first preset's own budget; the others the steps that take the same minutes on this "
@@ -211,7 +212,9 @@ def section(args: argparse.Namespace, steps: dict[str, int], results: list[dict]
         *table(results), "",
         *([f"Not run yet: {', '.join(missing)}. One pretraining seed per preset is no finding: the "
            "spread between two pretraining runs of one recipe is what a lead must clear.", ""]
-          if missing else [verdict(results), ""])])
+          if missing else ["One pretraining seed per preset is no finding: the spread between two "
+                           "pretraining runs of one recipe is what a lead must clear.", ""]
+          if len(args.seeds) < 2 else [verdict(results), ""])])
 
 
 def verdict(results: list[dict]) -> str:
