@@ -6,8 +6,8 @@ same run, and the device's nominal peak where known); two short fine-tuning fits
 pipeline's own code (precision `auto`: bf16-mixed on CUDA); and the modern export loading in
 transformers with equal logits.
 
-benchmarks/checks/gpu_check.sh runs it on a GPU after the bf16 probe (about 2 minutes on an H200,
-at most 4); `--tiny` runs the same on CPU in seconds with tiny shapes (the test suite does).
+benchmarks/checks/gpu_check.sh runs it on a GPU after the bf16 probe (at most 4 minutes, its
+timeout); `--tiny` runs the same on CPU in seconds with tiny shapes (the test suite does).
 
 Usage:  python -m benchmarks.checks.gpu_check [--tiny] [--steps 10] [--out gpu_check.json]
         python -m benchmarks.checks.gpu_check --record gpu_check.json   (its "GPU check" RESULTS.md section)
