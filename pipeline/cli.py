@@ -34,6 +34,8 @@ def run(
              "other tasks are left as they are.")] = None,
     wait: Annotated[bool, typer.Option(help="If another run is going on here, wait for it "
                                             "instead of refusing.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Say what would run, what each stage holds and where "
+                                               "its fits go; run nothing.")] = False,
 ) -> None:
     """Run the pipeline as a Prefect flow; DVC decides which stages are stale."""
     from components.core.tracking import check_store
@@ -50,6 +52,11 @@ def run(
     check_outputs_owned(p, params.resolve().parent, plan(p, until))
     if is_preset(params):  # refused if it would write over its base's outputs
         owners(params, until)
+    if dry_run:
+        from pipeline.dry_run import dry_run as lines
+
+        typer.echo("\n".join(lines(params, until)))
+        return
     check_store(p.tracking, params.resolve().parent)
     check_checkout(params.resolve().parent)
     api_for_run()  # a configured API that does not answer, or a temporary one slow to start

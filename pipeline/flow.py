@@ -12,8 +12,8 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task, unmapped
-from prefect.futures import wait
+from prefect import flow, get_run_logger, task
+from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.core import progress, tracking
@@ -23,11 +23,14 @@ from components.core.params import load_params
 from pipeline import deps, pipelines, presets, versioning
 from pipeline.ops import signals
 from pipeline.ops.redaction import masks_errors
+from pipeline.placement import Ledger, Needs
 from pipeline.stages import (
     PARENT_RUN_ENV,
     RUN_KEY_ENV,
+    held,
     metrics_file,
     plan,
+    producers,
     record_skipped,
     run_stage,
     split_name,
@@ -57,11 +60,12 @@ def _retry_transient(task, task_run, state) -> bool:
 @task(retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient)
 @masks_errors
 def stage_task(name: str, params_path: str, parent_run_id: str, address: str | None,
-               stale: bool | None = None) -> dict:
+               stale: bool | None = None, beside_others: bool = False) -> dict:
     """Run one stage if DVC says it is stale, and record it in its pipeline's dvc.lock; else
     record the skip. `address`: how DVC names the stage (`name`, or a preset pipeline's
     `presets/NAME/dvc.yaml:stage__item`); None outside a DVC project, where every stage runs.
-    `stale`: DVC's answer where the flow knows it without asking again (None: ask)."""
+    `stale`: DVC's answer where the flow knows it without asking again (None: ask).
+    `beside_others`: other stages may run at once, so it runs in a process of its own."""
     from prefect.runtime import task_run
 
     logger = get_run_logger()
@@ -77,7 +81,7 @@ def stage_task(name: str, params_path: str, parent_run_id: str, address: str | N
     else:
         logger.info("stage %s: running", name)
         key = str(task_run.id)  # the same for every retry of this task run: one MLflow run
-        if split_name(name)[0].own_process:
+        if beside_others or split_name(name)[0].own_process:
             stats = _run_in_own_process(name, params_path, parent_run_id, key)
         else:
             stats = run_stage(name, Path(params_path), parent_run_id, key, p)
@@ -176,23 +180,53 @@ def summary_markdown(results: dict[str, dict], failed: str | None = None) -> str
     return "\n".join(lines)
 
 
-def stage_groups(names: list[str]) -> list[list[str]]:
-    """Consecutive stages of one per-task kind together (`finetune@a`, `finetune@b`): the flow
-    maps a group over its tasks."""
-    groups: list[list[str]] = []
-    for name in names:
-        base = name.partition("@")[0]
-        if groups and "@" in name and groups[-1][0].partition("@")[0] == base:
-            groups[-1].append(name)
-        else:
-            groups.append([name])
-    return groups
+MAX_STAGES = 64  # executor.stages' bound: threads of the flow's task runner
 
 
-# One stage at a time: they share the cores (fine-tuning already runs a process per core) and
-# one dvc.lock. The per-task stages are still mapped, a task run per task, so the Prefect UI
-# shows each task on its own and a failing task does not stop the others of its group.
-@flow(name="bertflow", task_runner=ThreadPoolTaskRunner(max_workers=1))
+def run_ready(names: list[str], upstream: dict[str, set[str]], submit, results: dict[str, dict],
+              at_once: int, ledger: Ledger, needs: dict[str, Needs]) -> dict[str, PrefectFuture]:
+    """Run the stages `names` (in run order) as their inputs become ready: up to `at_once` at a
+    time, each when the ledger has what it holds free (`needs`); the first ready in run order
+    first. `submit(name, beside_others)` starts one. A failed stage's dependants do not run;
+    the others do. Fills `results` and returns the failed stages' futures, in run order."""
+    pending, running, failed, dropped = list(names), {}, {}, set()
+    while pending or running:
+        for name in list(pending):
+            if len(running) >= at_once:
+                break
+            if upstream[name] & (failed.keys() | dropped):
+                pending.remove(name)  # it reads a failed stage's outputs: not run
+                dropped.add(name)
+            elif upstream[name] <= results.keys() and ledger.take(needs[name]):
+                pending.remove(name)
+                running[submit(name, at_once > 1)] = name
+        if not running:
+            break
+        done = next(as_completed(list(running)))
+        name = running.pop(done)
+        ledger.give(needs[name])
+        try:  # (its state may not say so yet: the result waits for it)
+            results[name] = done.result()
+        except Exception:  # noqa: BLE001 - raised again, in run order, by the caller
+            failed[name] = done
+    return {n: failed[n] for n in names if n in failed}
+
+
+def dependencies(owners: dict[str, Path]) -> dict[str, set[str]]:
+    """Every stage of the run with the stages of the run it reads, directly or not: a stage runs
+    once they have, and DVC's answer for it changes only if one of them ran."""
+    params = {path: load_params(path) for path in set(owners.values())}
+    found: dict[str, set[str]] = {}
+    for name, owner in owners.items():  # in run order: a stage's producers come first
+        direct = [d for d in producers(params[owner], name) if d in owners]
+        found[name] = set(direct).union(*(found[d] for d in direct))
+    return found
+
+
+# Stages run in this process's threads, as many at once as executor.stages and the ledger of
+# what they hold allow (run_ready decides: the runner only lends the threads); each stage is
+# recorded in its dvc.lock under versioning's lock, one writer at a time.
+@flow(name="bertflow", task_runner=ThreadPoolTaskRunner(max_workers=MAX_STAGES))
 @masks_errors
 def pipeline_flow(params_path: str = "params.yaml", until: str | None = None,
                   wait: bool = False) -> dict[str, dict]:
@@ -245,17 +279,17 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
     results: dict[str, dict] = {}
     address = {n: (pipelines.address(o, n) if pipelines.is_preset(o) else n) if kept else None
                for n, o in owners.items()}
-    # DVC's answer for each stage, asked once here: up to date, a stage still is until one runs
-    # (which may change its deps); never recorded in its dvc.lock, it stays stale until it runs.
+    # DVC's answer for each stage, asked once here: up to date, a stage still is until a stage
+    # it reads runs; never recorded in its dvc.lock, it stays stale until it runs.
     files = {a.rpartition(":")[0] or "dvc.yaml" for a in address.values() if a}
     stale_at_start = versioning.stale_stages(root, sorted(files)) if kept else set()
 
-    def known_stale(name: str) -> bool | None:
+    def known_stale(name: str, ran_before: bool) -> bool | None:
         if not kept:
             return True
         if not versioning.recorded(root, address[name]):
             return True
-        if address[name] not in stale_at_start and all(r["status"] != "ran" for r in results.values()):
+        if address[name] not in stale_at_start and not ran_before:
             return False
         return None
 
@@ -264,19 +298,19 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
         with tracking.mlflow_run(p.tracking, root, "pipeline",
                           tags={"bertflow.flow": "pipeline", **tracking.git_state(root)}) as parent:
             parent.log_params({"until": until or "all", "params_file": str(path)})
-            for group in stage_groups(names):
-                if len(group) == 1:
-                    current = group[0]
-                    results[current] = stage_task(current, str(owners[current]), parent.run_id,
-                                                  address[current], known_stale(current))
-                    continue
-                futures = stage_task.map(group, [str(owners[n]) for n in group], unmapped(parent.run_id),
-                                         [address[n] for n in group], [known_stale(n) for n in group])
-                wait(futures)  # every task of the group ends before a failure is raised
-                outcome = dict(zip(group, futures, strict=True))
-                results.update({n: f.result() for n, f in outcome.items() if f.state.is_completed()})
-                for current, future in outcome.items():  # noqa: B007 - `current` names a failure
-                    future.result()  # raises the group's first failure, in task order
+            upstream = dependencies(owners)
+
+            def submit(name: str, beside_others: bool) -> PrefectFuture:
+                ran_before = any(results[d]["status"] == "ran" for d in upstream[name])
+                return stage_task.submit(name, str(owners[name]), parent.run_id, address[name],
+                                         known_stale(name, ran_before), beside_others)
+
+            needs = {n: held(load_params(owners[n]), n) for n in names}
+            failed = run_ready(names, upstream, submit, results, p.executor.stages,
+                               Ledger.of_this_machine(), needs)
+            results.update({n: results.pop(n) for n in names if n in results})  # in run order
+            for current, future in failed.items():  # noqa: B007 - `current` names a failure
+                future.result()  # raises the first failure, in run order
             current = None
             evaluated = [n.partition("@")[2] for n in results if n.startswith("evaluate@")]
             if evaluated:

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 from components.core.config import FinetuneConfig, Params
 from components.core.errors import BertflowError
 from components.core.params import load_params
+from pipeline.placement import ALL, ONE_CORE, Needs
 
 if TYPE_CHECKING:
     from components.core.tracking import MlflowRun
+    from components.training.workers import Cluster
 
 log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "BERTFLOW_PARENT_RUN_ID"  # set by the flow for stages it runs as a subprocess
@@ -117,6 +119,11 @@ class Stage:
     own_process: bool = False
     """The flow runs it as `bertflow stage NAME`: Lightning's DDP launcher starts the other
     ranks by re-running the current command, which must be the stage, not the whole flow."""
+    needs: Needs = Needs()
+    """What it holds while it runs (pipeline.placement): the flow starts it when these are free."""
+    fit: Needs | None = None
+    """What each of its fits holds, for a stage that trains fits: with `executor.kind: dask` they
+    are tasks on the cluster, and the stage holds one core here."""
 
     @property
     def per_start(self) -> bool:
@@ -204,7 +211,7 @@ def _teacher(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.teacher import fit_teacher
 
     stats = fit_teacher(at.task, p.finetune.tasks[at.task], p.finetune, p.distill, at.root,
-                        at.root / p.paths.packages, at.folder("task_data"), at.out)
+                        at.root / p.paths.packages, at.folder("task_data"), at.out, fits_cluster(p, at))
     if run is not None:
         run.log_artifact(at.out / "model", "model")
         _log_search(p, at, run, stats)
@@ -240,7 +247,7 @@ def _finetune(p: Params, at: Target, run: MlflowRun | None) -> dict:
     weights = at.folder(START_WEIGHTS[at.start]) if at.start in ("checkpoint", "adapted") else None
     stats = finetune_start(at.task, p.finetune.tasks[at.task], p.finetune, init=at.start,
                            task_dir=at.folder("task_data"), encoder_dir=at.folder("pretrain"), out_dir=at.out,
-                           weights_dir=weights)
+                           weights_dir=weights, cluster=fits_cluster(p, at))
     if run is not None:
         run.log_artifact(at.out / "model", "model")
         _log_search(p, at, run, stats)
@@ -251,14 +258,32 @@ def _distill(p: Params, at: Target, run: MlflowRun | None) -> dict:
     from components.training.finetune import distill_student
     from components.training.student import student_encoder
 
-    with student_encoder(p.distill, at.root, at.root / p.paths.packages) as student:
+    with student_encoder(p.distill, at.root, at.root / p.paths.packages, at.out.parent) as student:
         stats = distill_student(at.task, p.finetune.tasks[at.task], p.finetune, p.distill,
                                 task_dir=at.folder("task_data"), encoder_dir=at.folder("pretrain"),
-                                transfer_dir=at.folder("transfer_set"), out_dir=at.out, student_dir=student)
+                                transfer_dir=at.folder("transfer_set"), out_dir=at.out, student_dir=student,
+                                cluster=fits_cluster(p, at))
     if run is not None:
         run.log_artifact(at.out / "model", "model")
         _log_search(p, at, run, stats)
     return stats
+
+
+def fits_cluster(p: Params, at: Target) -> Cluster | None:
+    """Where the stage's fits train: the Dask cluster of `executor.kind: dask`, else here (None)."""
+    from components.training.workers import Cluster
+
+    fit = STAGES[at.stage].fit
+    if p.executor.kind != "dask" or fit is None:
+        return None
+    return Cluster(p.executor.dask_address, fit.dask_resources())
+
+
+def held(p: Params, name: str) -> Needs:
+    """What stage `name` holds on the machine running the flow: its needs, or one core when its
+    fits train on a cluster."""
+    stage = split_name(name)[0]
+    return ONE_CORE if stage.fit is not None and p.executor.kind == "dask" else stage.needs
 
 
 def _log_search(p: Params, at: Target, run: MlflowRun, stats: dict) -> None:
@@ -318,16 +343,25 @@ def distilled(p: Params) -> bool:
     return "distilled" in p.finetune.init
 
 
+# What each stage holds while it runs: the cores its processes use (ALL: the data stages' and the
+# local fits' process per core, torch's threads), GPUs where there are some, and its resident
+# memory at peak on the default params (an estimate, rounded up). A fit: one core, one GPU.
+FIT = Needs(1, 1, 2)
+
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("ingest", _ingest, ("ingest",), writes="${paths.raw}"),
-    Stage("clean", _clean, ("clean",), writes="${paths.clean}", reads=("ingest",)),
+    Stage("ingest", _ingest, ("ingest",), needs=Needs(1, 0, 2), writes="${paths.raw}"),
+    Stage("clean", _clean, ("clean",), needs=Needs(ALL, 0, 4), writes="${paths.clean}", reads=("ingest",)),
     # pretrain.init_from, checked and converted (an empty folder record when unset). A checkpoint
     # folder of your own belongs under data/user (`dvc add` it): DVC then sees its edits.
-    Stage("checkpoint", _checkpoint, ("pretrain.init_from",), writes="${paths.checkpoint}"),
+    Stage("checkpoint", _checkpoint, ("pretrain.init_from",), needs=Needs(1, 0, 2),
+          writes="${paths.checkpoint}"),
     Stage("tokenizer", _tokenizer, ("tokenizer", "model.max_position", "pretrain.init_from"),
+          needs=Needs(ALL, 0, 2),
           writes="${paths.tokenizer}", reads=("clean", "checkpoint"), artifacts=lambda at: [at.out]),
-    Stage("pairs", _pairs, ("pairs",), writes="${paths.pairs}", reads=("clean", "tokenizer")),
-    Stage("pretrain", _pretrain, ("model", "pretrain"), writes="${paths.models}/encoder",
+    Stage("pairs", _pairs, ("pairs",), needs=Needs(ALL, 0, 4), writes="${paths.pairs}",
+          reads=("clean", "tokenizer")),
+    Stage("pretrain", _pretrain, ("model", "pretrain"), needs=Needs(ALL, ALL, 8),
+          writes="${paths.models}/encoder",
           reads=("pairs", "tokenizer", "checkpoint"), metric=True, own_process=True,
           plots=((f"{PRETRAIN_CURVE}.csv", {"x": "tokens", "y": "mlm_accuracy",
                                             "title": "Held-out MLM accuracy by training tokens"}),
@@ -335,41 +369,46 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
           artifacts=lambda at: [at.path(f"{PRETRAIN_CURVE}.png")]),
     Stage("task_data", _task_data, _task_keys("columns", "labels", "scheme", "split", "split_seed",
                                               "max_train_examples", "max_span_words"),
-          writes="${paths.tasks}/{task}", per_task=True),
+          writes="${paths.tasks}/{task}", per_task=True, needs=Needs(1, 0, 1)),
     # The `adapted` start: the encoder continued on the task's own text.
-    Stage("adapt", _adapt, ("adapt", "finetune.tasks.{task}", "model", "pretrain"),
+    Stage("adapt", _adapt, ("adapt", "finetune.tasks.{task}", "model", "pretrain"), needs=Needs(ALL, 1, 4),
           writes="${paths.models}/adapted/{task}", reads=("task_data", "pretrain"), per_task=True,
           used=lambda p: "adapted" in p.finetune.init),
     # The `distilled` start: the task's teacher, a checkpoint fine-tuned on it; the transfer set
     # it labels with soft targets; the student trained on them. The student's own settings (seeds,
     # rates, temperature) rerun no teacher.
-    Stage("teacher", _teacher, TEACHER_PARAMS, writes="${paths.models}/teachers/{task}", reads=("task_data",),
+    Stage("teacher", _teacher, TEACHER_PARAMS, needs=Needs(ALL, 1, 8), fit=Needs(1, 1, 3),
+          writes="${paths.models}/teachers/{task}", reads=("task_data",),
           per_task=True, used=distilled),
     Stage("transfer_set", _transfer_set,
           ("distill.augment_copies", "distill.augment_prob", "distill.augment_top_k", "distill.corpus_rows",
            "distill.seed", *_task_keys("max_seq_len", "long_text", "chunk_overlap", "max_span_words",
                                        "transfer_corpus", "transfer_pairs", "pair_link"),
            "finetune.batch_size"),
+          needs=Needs(ALL, 1, 4),
           writes="${paths.models}/transfer-set/{task}", reads=("task_data", "clean", "pretrain", "teacher"),
           per_task=True, used=distilled),
     # The fits of each start: a stage per task and start, so a new or changed start trains only
     # its own fits.
     Stage("finetune", _finetune, (*_task_keys(*FIT_TASK_KEYS, "lr"), *FIT_PARAMS),
+          needs=Needs(ALL, 1, 6), fit=FIT,
           writes="${paths.models}/tasks/{task}/{start}", reads=("task_data", "pretrain", "{weights}"),
           per_task=True, starts=tuple(START_WEIGHTS)),
     Stage("distill", _distill, (*_task_keys(*FIT_TASK_KEYS, "lr", "teacher_lr"), *FIT_PARAMS,
                                 "distill.temperature", "distill.alpha", "distill.student_layers",
                                 "distill.teacher"),
+          needs=Needs(ALL, 1, 6), fit=FIT,
           writes="${paths.models}/tasks/{task}/distilled", reads=("task_data", "pretrain", "transfer_set"),
           per_task=True, used=distilled),
     Stage("evaluate", _evaluate, ("finetune.tasks.{task}", "finetune.init", "evaluate.tfidf_baseline"),
-          reads=("task_data", "pretrain", "{starts}"), per_task=True,
+          needs=Needs(1, 0, 2), reads=("task_data", "pretrain", "{starts}"), per_task=True,
           plots=((f"{TASK_METRICS}/curves.csv", {"x": "step", "y": "val_metric", "template": "linear"}),
                  (f"{TASK_METRICS}/per_class.csv", {"x": "label", "y": "f1", "template": "bar_horizontal"}),
                  (f"{TASK_METRICS}/curves.png", {}), (f"{TASK_METRICS}/per_class.png", {})),
           artifacts=lambda at: sorted(at.path(TASK_METRICS).glob("*.png"))),
     Stage("transfer", _transfer, ("finetune.tasks", "evaluate.encoder_spread", "pretrain.init_from",
                                   "distill.student_layers", "distill.teacher"),
+          needs=Needs(1, 0, 1),
           reads=(EVALUATIONS,), metric=True, files=(f"{TRANSFER}.md", f"{TRANSFER}.json"),
           artifacts=lambda at: [at.path(f"{TRANSFER}.md")]),
 ]}

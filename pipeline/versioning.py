@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,11 @@ def _lock_read_by_libyaml() -> None:
     _yaml.parse_yaml_for_update = parse_for_update
 
 
+# One DVC call at a time in this process: the flow's stages record themselves from threads, and
+# DVC's repo (and the working directory it needs) is not theirs to share.
+_ONE_AT_A_TIME = threading.RLock()
+
+
 @contextlib.contextmanager
 def _repo(root: Path) -> Iterator:
     from dvc.repo import Repo
@@ -47,7 +53,7 @@ def _repo(root: Path) -> Iterator:
 
     _lock_read_by_libyaml()
     # DVC resolves some paths against the working directory: work from the project root.
-    with contextlib.chdir(root):
+    with _ONE_AT_A_TIME, contextlib.chdir(root):
         repo = Repo(str(root))
         try:
             yield repo
@@ -88,7 +94,7 @@ def _journal(root: Path, lock: Path) -> Path:
 
 def commit(root: Path, stage: str) -> None:
     """Record the stage's current deps and outs in its dvc.lock and the cache (as `dvc repro`
-    does).
+    does); one stage at a time, whichever thread records it.
 
     DVC rewrites dvc.lock in place, so a kill mid-write would leave it truncated and every later
     DVC call failing: the old dvc.lock is kept aside until the commit ends (see recover_locks).
@@ -97,23 +103,24 @@ def commit(root: Path, stage: str) -> None:
 
     lock = lock_file(root, stage)
     journal = _journal(root, lock)
-    with atomic_file(journal) as tmp:  # empty: there was no dvc.lock
-        tmp.write_bytes(lock.read_bytes() if lock.exists() else b"")
-    with _repo(root) as repo:
-        committed = repo.commit(stage, force=True)
-        # DVC logs a failed cache copy (a full disk: ENOSPC) and records the stage all the same;
-        # its status then says "not in cache". Recorded so, the stage's outputs exist nowhere
-        # but in the workspace: put dvc.lock back and fail instead. (The status of the stage
-        # objects just recorded: `repo.status` would load dvc.yaml and dvc.lock once more.)
-        with repo.lock:  # as `repo.status` takes it
-            missing = {k: v for s in committed for k, v in s.status().items()}
-    if missing:
-        _restore(journal, lock)
-        raise BertflowError(f"stage {stage}: DVC could not store its outputs in its cache "
-                            f"({_status_line(missing)}); dvc.lock is left as it was, so the stage "
-                            "runs again: free space in the DVC cache (`dvc cache dir` says "
-                            "where) and rerun")
-    journal.unlink()
+    with _ONE_AT_A_TIME:
+        with atomic_file(journal) as tmp:  # empty: there was no dvc.lock
+            tmp.write_bytes(lock.read_bytes() if lock.exists() else b"")
+        with _repo(root) as repo:
+            committed = repo.commit(stage, force=True)
+            # DVC logs a failed cache copy (a full disk: ENOSPC) and records the stage all the
+            # same; its status then says "not in cache". Recorded so, the stage's outputs exist
+            # nowhere but in the workspace: put dvc.lock back and fail instead. (The status of the
+            # stage objects just recorded: `repo.status` would load dvc.yaml and dvc.lock again.)
+            with repo.lock:  # as `repo.status` takes it
+                missing = {k: v for s in committed for k, v in s.status().items()}
+        if missing:
+            _restore(journal, lock)
+            raise BertflowError(f"stage {stage}: DVC could not store its outputs in its cache "
+                                f"({_status_line(missing)}); dvc.lock is left as it was, so the stage "
+                                "runs again: free space in the DVC cache (`dvc cache dir` says "
+                                "where) and rerun")
+        journal.unlink()
 
 
 def _status_line(status: dict) -> str:

@@ -103,9 +103,9 @@ def test_bad_params_name_the_key_and_unknown_stage_is_refused(tmp_path):
 
 
 def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
-    from pipeline.flow import stage_groups
+    from pipeline.flow import dependencies
     from pipeline.stages import plan
-    from tests.conftest import project_params
+    from tests.conftest import ROOT, project_params
 
     p = project_params()
     tasks, starts = list(p.finetune.tasks), p.finetune.init  # pretrained, scratch: no adapt or teacher
@@ -115,8 +115,14 @@ def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
     fits = [f"finetune@{t}-{s}" for t in tasks for s in starts]
     assert names[6 + len(tasks):6 + len(tasks) + len(fits)] == fits  # a stage per task and start
     assert names[-1] == "transfer" and len(names) == 7 + 2 * len(tasks) + len(fits)
-    # The flow maps each per-task stage over its tasks (and starts): one group per stage kind.
-    assert [len(g) for g in stage_groups(names)] == [1] * 6 + [len(tasks), len(fits), len(tasks)] + [1]
+    # A stage runs once those it reads have: a task's branch waits for its data and the encoder,
+    # not for the other tasks'.
+    upstream = dependencies(dict.fromkeys(names, ROOT / "params.yaml"))
+    assert upstream["task_data@trec-6"] == set()
+    assert upstream["finetune@trec-6-scratch"] == {*names[:6], "task_data@trec-6"}
+    trec = [f for f in fits if "trec-6-" in f]
+    assert upstream["evaluate@trec-6"] == {*names[:6], "task_data@trec-6", *trec}
+    assert upstream["transfer"] == set(names[:-1])
     assert plan(p, "finetune")[-1] == fits[-1]
     # One task's stage: only what that task needs, not the other tasks' stages; one start's, only
     # that start.

@@ -243,9 +243,10 @@ def test_a_student_cut_from_the_teacher_trains_with_its_own_tokenizer_at_the_tea
     distill = _distill("all-minilm-l6-v2", augment_copies=0, student_layers=[0])
     build_transfer("reviews", task, cfg, distill, reviews, tiny_encoder, reviews_teacher,
                    tmp_path / "transfer")
-    with student_encoder(distill.model_copy(update={"student_layers": []}), project, PACKAGES) as none:
+    with student_encoder(distill.model_copy(update={"student_layers": []}), project, PACKAGES,
+                         tmp_path) as none:
         assert none is None  # the student is the pretrained encoder
-    with student_encoder(distill, project, PACKAGES) as student:
+    with student_encoder(distill, project, PACKAGES, tmp_path) as student:
         fits = distill_student("reviews", task, cfg, distill, task_dir=reviews,
                                encoder_dir=tiny_modern_encoder, transfer_dir=tmp_path / "transfer",
                                out_dir=tmp_path / "m", student_dir=student)

@@ -53,7 +53,7 @@ def fit_variant(p, root: Path, name: str, init: str, change: dict, work: Path) -
         transfer = work / "transfer"
         build_transfer(name, task, cfg, distill, task_dir, models / "encoder",
                        models / "teachers" / name, transfer, root / p.paths.clean)
-        with student_encoder(distill, root, root / p.paths.packages) as student:
+        with student_encoder(distill, root, root / p.paths.packages, work) as student:
             stats = distill_student(name, task, cfg, distill, task_dir=task_dir,
                                     encoder_dir=models / "encoder", transfer_dir=transfer,
                                     out_dir=work / "fits", student_dir=student)

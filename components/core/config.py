@@ -137,7 +137,11 @@ class ExecutorConfig(Section):
         description="A local pool, a dask cluster, or in-process.")
     workers: int = Field(ge=0, description="Local worker processes; 0 means one per CPU core.")
     dask_address: str = Field(
-        description="Scheduler (tcp://host:8786) for kind `dask`; workers see the same paths.")
+        description="Scheduler (tcp://host:8786) for kind `dask`, which also trains the fits; workers see "
+                    "the same paths.")
+    stages: int = Field(
+        ge=1, le=64, description="Stages run at once where their inputs are ready and what they hold is free "
+                          "(the task branches); 1: one at a time.")
 
     @model_validator(mode="after")
     def _dask_has_an_address(self) -> ExecutorConfig:

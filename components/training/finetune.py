@@ -13,18 +13,17 @@ same fits on a sample, scored on validation only, for the transfer probe (traini
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from components.core.config import DistillConfig, FinetuneConfig, TaskConfig
 from components.core.errors import ConfigError, DataError
 from components.core.io import atomic_dir, write_json
-from components.core.machine import cpu_facts
 from components.data.tasks.folder import read_meta, read_split
 from components.data.transfer_set import read_transfer
 from components.model.config import BertConfig, shape_of
@@ -35,18 +34,19 @@ from components.model.soft_targets import attach_targets
 from components.training.fits import Job, run_jobs
 from components.training.plan import FitPlan, Start
 from components.training.precision import record as precision_record
-from components.training.workers import threads_per_worker, worker_count
+from components.training.workers import Cluster, worker_count
 
 log = logging.getLogger(__name__)
 STARTS = ("pretrained", "scratch", "checkpoint", "adapted")  # the starts of stage finetune@task-start
 
 
 def finetune_start(name: str, task: TaskConfig, cfg: FinetuneConfig, *, init: str, task_dir: Path,
-                   encoder_dir: Path, out_dir: Path, weights_dir: Path | None = None) -> dict:
+                   encoder_dir: Path, out_dir: Path, weights_dir: Path | None = None,
+                   cluster: Cluster | None = None) -> dict:
     """Every fit of start `init` of a task into `out_dir`: from the encoder in `encoder_dir`
     (pretrained), random weights of its shape (scratch), or the weights in `weights_dir` (an
     imported checkpoint of the encoder's shape, or the task-adapted encoder), all with the
-    encoder's tokenizer."""
+    encoder's tokenizer. `cluster`: the Dask cluster to train the fits on (None: here)."""
     if init not in STARTS:
         raise ConfigError(f"finetune: {init!r} is not a start of this stage ({', '.join(STARTS)})")
     meta, encoder, tokenizer = open_start(name, task, task_dir, encoder_dir)
@@ -58,7 +58,7 @@ def finetune_start(name: str, task: TaskConfig, cfg: FinetuneConfig, *, init: st
     splits = {s: read_split(task_dir, s) for s in ("train", "valid", "test")}
     weights = {"pretrained": Path(encoder_dir), "scratch": None}.get(init, weights_dir)
     start = encoded_start(init, weights, encoder_dir, encoder.config, tokenizer, splits, task, cfg, meta)
-    stats = fit_start(name, task, cfg, start, meta, splits, task.lr, cfg.seeds, out_dir)
+    stats = fit_start(name, task, cfg, start, meta, splits, task.lr, cfg.seeds, out_dir, cluster=cluster)
     # What the encoder's pretraining reached: the transfer table flags a run cut short by a guard.
     return {**stats, "encoder": {k: encoder.stats[k] for k in ("steps", "max_steps", "stopped_by")
                                  if k in encoder.stats}}
@@ -66,7 +66,7 @@ def finetune_start(name: str, task: TaskConfig, cfg: FinetuneConfig, *, init: st
 
 def distill_student(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, *,
                     task_dir: Path, encoder_dir: Path, transfer_dir: Path, out_dir: Path,
-                    student_dir: Path | None = None) -> dict:
+                    student_dir: Path | None = None, cluster: Cluster | None = None) -> dict:
     """Every fit of the `distilled` start: the student trained on the transfer set in
     `transfer_dir` (the teacher's soft targets), with distill's temperature and mix. The student
     is the pretrained encoder, or the cut of the teacher's checkpoint in `student_dir`
@@ -82,15 +82,16 @@ def distill_student(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: D
                           task, cfg, meta)
     start.encoded["train"] = transfer_examples(transfer_dir, name, task, cfg, tokenizer, meta, start.max_len)
     stats = fit_start(name, task, cfg, start, meta, splits, rates, cfg.seeds, out_dir,
-                      soft=(distill.temperature, distill.alpha))
+                      soft=(distill.temperature, distill.alpha), cluster=cluster)
     return {**stats, "transfer_examples": len(start.encoded["train"])}
 
 
 def fit_start(name: str, task: TaskConfig, cfg: FinetuneConfig, start: Start, meta: dict,
               splits: dict[str, pa.Table], rates: list[float], seeds: list[int], out_dir: Path,
-              soft: tuple[float, float] | None = None) -> dict:
+              soft: tuple[float, float] | None = None, cluster: Cluster | None = None) -> dict:
     """The fits of one start, a seed each, at the rate its search chose (or its one rate), into
-    `out_dir`: `fits/`, the search's record, and the first seed's task model in `model/`."""
+    `out_dir`: `fits/`, the search's record, and the first seed's task model in `model/`; on
+    the Dask cluster `cluster` if one is given."""
     init = start.init
     stats: dict = {"kind": task.kind, "labels": len(meta["labels"]), "max_seq_len": start.max_len,
                    "epochs": task.epochs, **precision_record(cfg.precision),
@@ -104,36 +105,41 @@ def fit_start(name: str, task: TaskConfig, cfg: FinetuneConfig, start: Start, me
                        start=start, out=tmp, valid_gold=splits["valid"], test_gold=splits["test"],
                        first_seed=seeds[0], distill=soft)
         workers = worker_count(cfg.workers, max(len(rates), len(seeds)))
-        # Wall minutes and the worker count describe this execution, not the models: MLflow only.
-        this_run: dict = {"workers": workers}
-        # What decides the fits' last bits: the threads each fit ran on (a worker's share, or
-        # this process's own when the fits run here).
-        threads = threads_per_worker(workers) if workers > 1 else torch.get_num_threads()
-        stats["machine"] = {**cpu_facts(), "threads": threads}
-        lr, winner, search = search_rate(plan, rates, workers)
+        # Wall minutes, the worker count and the hosts describe this execution, not the models:
+        # MLflow only.
+        this_run: dict = {"workers": workers, "cluster": cluster.address if cluster else "local"}
+        stats["machine"] = {}  # what decides the fits' last bits: the CPU and threads they ran on
+        lr, winner, search = search_rate(plan, rates, workers, cluster)
         if search:
             minutes = search.pop("minutes")
             stats["search"] = search
             write_json(tmp / "fits" / f"{init}-search.json", search)
             this_run.update({f"search.{rate}.minutes": m for rate, m in minutes.items()})
         jobs = [Job(seed, lr, trained=winner if seed == seeds[0] else None) for seed in seeds]
-        for summary in run_jobs(plan, jobs, workers, f"finetune {name} {init}"):
+        summaries = run_jobs(plan, jobs, workers, f"finetune {name} {init}", cluster)
+        for summary in summaries:
             fit = f"{init}-s{summary['seed']}"
             stats["fits"][fit] = {k: summary[k] for k in ("steps", "best_val_metric", "lr")}
             this_run[f"{fit}.minutes"] = summary["minutes"]
+        machines = list({json.dumps(s["machine"], sort_keys=True): s["machine"] for s in summaries}.values())
+        stats["machine"] = machines[0]
+        if len(machines) > 1:  # a cluster of several CPU types: the fits' bits are each their own
+            stats["machines"] = machines
+        this_run["hosts"] = " ".join(sorted({s["host"] for s in summaries}))
         stats["this_run"] = this_run
         shutil.rmtree(tmp / "work", ignore_errors=True)
     return stats
 
 
-def search_rate(plan: FitPlan, rates: list[float], workers: int) -> tuple[float, dict | None, dict]:
+def search_rate(plan: FitPlan, rates: list[float], workers: int,
+                cluster: Cluster | None = None) -> tuple[float, dict | None, dict]:
     """The rate the start's fits train at, the winning trial (None without a search: one rate)
     and the search's record (`lr`, `trials` by rate, and each trial's minutes)."""
     if len(rates) == 1:
         return rates[0], None, {}
     seed = plan.first_seed
     trials = run_jobs(plan, [Job(seed, lr, trial=True) for lr in rates], workers,
-                      f"lr search {plan.name} {plan.start.init}")
+                      f"lr search {plan.name} {plan.start.init}", cluster)
     winner = max(trials, key=lambda t: t["best_val_metric"])  # the first on a tie
     record = {"lr": winner["lr"], "trials": {f"{t['lr']:g}": {k: t[k] for k in ("steps", "best_val_metric")}
                                              for t in trials},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from components.core.config import FinetuneConfig
 from components.core.io import write_json
+from components.core.machine import cpu_facts
 from components.core.progress import bar
 from components.model.build import task_model
 from components.model.config import BertConfig
@@ -33,7 +35,7 @@ from components.training.export import export_fit
 from components.training.finetune_module import FinetuneModule, FitSpec, score
 from components.training.plan import FitPlan
 from components.training.precision import resolve_precision
-from components.training.workers import map_in_processes
+from components.training.workers import Cluster, fit_threads, map_in_processes, map_on_cluster
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,14 @@ class Job:
     trained: dict | None = None
 
 
-def run_jobs(plan: FitPlan, jobs: list[Job], workers: int, desc: str) -> list[dict]:
-    """The jobs' summaries, in order: in this process, or side by side in worker processes."""
+def run_jobs(plan: FitPlan, jobs: list[Job], workers: int, desc: str,
+             cluster: Cluster | None = None) -> list[dict]:
+    """The jobs' summaries, in order: in this process, side by side in `workers` worker
+    processes, or as tasks on the Dask cluster `cluster` (each on the threads a local worker
+    would have: the same bits)."""
+    if cluster:
+        return map_on_cluster(fit_and_predict, plan, [(job,) for job in jobs], cluster, fit_threads(workers),
+                              desc)
     if workers == 1:
         return [fit_and_predict(plan, job) for job in bar(jobs, desc, len(jobs), "fit")]
     return map_in_processes(fit_and_predict, plan, [(job,) for job in jobs], workers, desc)
@@ -140,6 +148,7 @@ def fit_and_predict(plan: FitPlan, job: Job) -> dict:
                "threshold": threshold, "history": history}
     write_json(plan.out / "fits" / f"{name}.json", summary)  # a DVC output: no wall time in it
     summary["minutes"] = spent + (time.perf_counter() - start) / 60
+    summary.update(machine=cpu_facts(), host=socket.gethostname())  # where it ran (on a cluster: a worker)
     log.info("finetune %s %s: best validation %.4f in %d steps, %.1f min", plan.name, name, best,
              steps, summary["minutes"])
     if job.seed == plan.first_seed:

@@ -16,13 +16,16 @@ from components.model.checkpoint import cut_checkpoint, import_checkpoint
 
 
 @contextmanager
-def student_encoder(distill: DistillConfig, root: Path, packages_dir: Path) -> Iterator[Path | None]:
-    """A folder holding the cut student while the context lasts; None when the student is the
-    pretrained encoder (no student_layers)."""
+def student_encoder(distill: DistillConfig, root: Path, packages_dir: Path,
+                    beside: Path) -> Iterator[Path | None]:
+    """A folder in `beside` holding the cut student while the context lasts (in the project, not
+    /tmp: a cluster's workers read it too); None when the student is the pretrained encoder (no
+    student_layers)."""
     if not distill.student_layers:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix="bertflow-student-") as work:
+    Path(beside).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".bertflow-student-", dir=beside) as work:
         import_checkpoint(distill.teacher, root, packages_dir, Path(work) / "teacher")
         cut_checkpoint(Path(work) / "teacher", distill.student_layers, Path(work) / "student")
         yield Path(work) / "student"

@@ -23,15 +23,18 @@ from components.data.tasks.folder import read_meta, read_split
 from components.evaluation.metrics import primary_metric, score_predictions
 from components.model.checkpoint import import_checkpoint
 from components.training.finetune import encoded_start, fit_start, open_start
+from components.training.workers import Cluster
 
 log = logging.getLogger(__name__)
 
 
 def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: DistillConfig, root: Path,
-                packages_dir: Path, task_dir: Path, out_dir: Path) -> dict:
+                packages_dir: Path, task_dir: Path, out_dir: Path, cluster: Cluster | None = None) -> dict:
     """The task's teacher in `out_dir` (a start's layout: `model/`, `fits/teacher-sN`), its
-    scores per seed."""
-    with tempfile.TemporaryDirectory(prefix="bertflow-teacher-") as work:
+    scores per seed; its fits on the Dask cluster `cluster` if one is given."""
+    # The imported checkpoint beside out_dir, not in /tmp: a cluster's workers read it too.
+    Path(out_dir).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".bertflow-teacher-", dir=Path(out_dir).parent) as work:
         checkpoint = Path(work) / "checkpoint"
         import_checkpoint(distill.teacher, root, packages_dir, checkpoint)
         meta, encoder, tokenizer = open_start(name, task, task_dir, checkpoint)
@@ -39,7 +42,7 @@ def fit_teacher(name: str, task: TaskConfig, cfg: FinetuneConfig, distill: Disti
         start = encoded_start("teacher", checkpoint, checkpoint, encoder.config, tokenizer, splits, task, cfg,
                               meta)
         stats = fit_start(name, task, cfg, start, meta, splits, task.teacher_lr, distill.teacher_seeds,
-                          out_dir)
+                          out_dir, cluster=cluster)
     scores = _scores(task, task_dir, Path(out_dir) / "fits")
     test = [s["test"] for s in scores.values()]
     log.info("teacher@%s: %s, test %.4f (mean of %d seeds)", name, distill.teacher, np.mean(test), len(test))

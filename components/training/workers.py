@@ -11,6 +11,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +33,12 @@ def worker_count(workers: int, items: int) -> int:
 def threads_per_worker(workers: int) -> int:
     """Torch threads of each of `workers` processes: the cores split between them."""
     return max(1, (os.cpu_count() or 1) // workers)
+
+
+def fit_threads(workers: int) -> int:
+    """Torch threads of each fit when `workers` fits run at once: a worker's share of the cores,
+    or this process's own when the fits run here, one after another."""
+    return threads_per_worker(workers) if workers > 1 else torch.get_num_threads()
 
 
 def map_in_processes(fn: Callable[..., Any], shared: Any, items: Sequence[tuple], workers: int,
@@ -58,4 +65,50 @@ def _init(fn: Callable[..., Any], shared: Any, threads: int) -> None:
 def _call(item: tuple) -> Any:
     assert _WORK is not None
     fn, shared = _WORK
+    return fn(shared, *item)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A Dask cluster that trains fits: its scheduler's address, and the worker resources each fit
+    holds there (`{"GPU": 1}`: a worker that declares a GPU; not asked of workers that declare none)."""
+
+    address: str
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+def map_on_cluster(fn: Callable[..., Any], shared: Any, items: Sequence[tuple], cluster: Cluster,
+                   threads: int, desc: str) -> list[Any]:
+    """`[fn(shared, *item) for item in items]` as tasks on `cluster`, in order: `shared` is
+    scattered to the workers once, and each task runs on `threads` torch threads, as a local
+    worker process would, so a fit's bits do not depend on where it ran. A task takes one worker
+    thread (fit workers start with `--nthreads 1`: one fit at a time each) and the resources a
+    fit holds, where the workers declare them (docs/scaling.md)."""
+    from dask.distributed import Client
+
+    with Client(cluster.address, timeout="30s") as client:
+        declared = {r for w in client.scheduler_info()["workers"].values() for r in w.get("resources", {})}
+        resources = {k: v for k, v in cluster.resources.items() if k in declared} or None
+        data = client.scatter(shared, broadcast=True, hash=False)
+        env = {k: os.environ[k] for k in THREAD_VARS if k in os.environ}
+        futures = [client.submit(_call_on_worker, fn, data, item, threads, env, pure=False,
+                                 resources=resources) for item in items]
+        return list(bar((f.result() for f in futures), desc, len(items), "fit"))
+
+
+# Dask's nanny sets its workers' thread-count variables to 1. A fit sets its own count, and the
+# machine facts recorded with it (components.core.machine) list these variables: a fit on a
+# worker runs with the stage's, as a local worker process, which inherits them, does.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _call_on_worker(fn: Callable[..., Any], shared: Any, item: tuple, threads: int,
+                    env: dict[str, str]) -> Any:
+    """One task on a Dask worker: the stage's thread variables and the fit's threads, then
+    `fn(shared, *item)`."""
+    for key in THREAD_VARS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    configure_logging()
+    torch.set_num_threads(threads)
     return fn(shared, *item)
