@@ -24,13 +24,13 @@ from pipeline import deps, pipelines, presets, versioning
 from pipeline.ops import signals
 from pipeline.ops.redaction import masks_errors
 from pipeline.placement import Ledger, Needs
+from pipeline.run_plan import run_plan
 from pipeline.stages import (
     PARENT_RUN_ENV,
     RUN_KEY_ENV,
     held,
     metrics_file,
     plan,
-    producers,
     record_skipped,
     run_stage,
     split_name,
@@ -212,17 +212,6 @@ def run_ready(names: list[str], upstream: dict[str, set[str]], submit, results: 
     return {n: failed[n] for n in names if n in failed}
 
 
-def dependencies(owners: dict[str, Path]) -> dict[str, set[str]]:
-    """Every stage of the run with the stages of the run it reads, directly or not: a stage runs
-    once they have, and DVC's answer for it changes only if one of them ran."""
-    params = {path: load_params(path) for path in set(owners.values())}
-    found: dict[str, set[str]] = {}
-    for name, owner in owners.items():  # in run order: a stage's producers come first
-        direct = [d for d in producers(params[owner], name) if d in owners]
-        found[name] = set(direct).union(*(found[d] for d in direct))
-    return found
-
-
 # Stages run in this process's threads, as many at once as executor.stages and the ledger of
 # what they hold allow (run_ready decides: the runner only lends the threads); each stage is
 # recorded in its dvc.lock under versioning's lock, one writer at a time.
@@ -270,26 +259,23 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
         if presets.write(preset):
             logger.warning("%s: the pipeline of %s brought up to date (commit it with its dvc.lock)",
                            pipelines.pipeline_file(preset).relative_to(root), preset.name)
-    names = list(owners)
     if not kept:
         logger.warning("%s is not in a DVC project: every stage runs, and no books are kept", root)
     if dead := tracking.close_dead_runs(p.tracking, root):
         logger.warning("MLflow: marked %d runs of a killed earlier run KILLED (they were left RUNNING)",
                        len(dead))
     results: dict[str, dict] = {}
-    address = {n: (pipelines.address(o, n) if pipelines.is_preset(o) else n) if kept else None
-               for n, o in owners.items()}
-    # DVC's answer for each stage, asked once here: up to date, a stage still is until a stage
-    # it reads runs; never recorded in its dvc.lock, it stays stale until it runs.
-    files = {a.rpartition(":")[0] or "dvc.yaml" for a in address.values() if a}
-    stale_at_start = versioning.stale_stages(root, sorted(files)) if kept else set()
+    run = run_plan(root, owners, kept)
+    names, address = run.names, run.address
 
+    # DVC's answer for each stage, asked once (run.stale): up to date, a stage still is until a
+    # stage it reads runs; never recorded in its dvc.lock, it stays stale until it runs.
     def known_stale(name: str, ran_before: bool) -> bool | None:
         if not kept:
             return True
         if not versioning.recorded(root, address[name]):
             return True
-        if address[name] not in stale_at_start and not ran_before:
+        if address[name] not in run.stale and not ran_before:
             return False
         return None
 
@@ -298,15 +284,13 @@ def _pipeline(params_path: str, until: str | None) -> dict[str, dict]:
         with tracking.mlflow_run(p.tracking, root, "pipeline",
                           tags={"bertflow.flow": "pipeline", **tracking.git_state(root)}) as parent:
             parent.log_params({"until": until or "all", "params_file": str(path)})
-            upstream = dependencies(owners)
-
             def submit(name: str, beside_others: bool) -> PrefectFuture:
-                ran_before = any(results[d]["status"] == "ran" for d in upstream[name])
+                ran_before = any(results[d]["status"] == "ran" for d in run.upstream[name])
                 return stage_task.submit(name, str(owners[name]), parent.run_id, address[name],
                                          known_stale(name, ran_before), beside_others)
 
-            needs = {n: held(load_params(owners[n]), n) for n in names}
-            failed = run_ready(names, upstream, submit, results, p.executor.stages,
+            needs = {n: held(run.params_of(n), n) for n in names}
+            failed = run_ready(names, run.upstream, submit, results, p.executor.stages,
                                Ledger.of_this_machine(), needs)
             results.update({n: results.pop(n) for n in names if n in results})  # in run order
             for current, future in failed.items():  # noqa: B007 - `current` names a failure

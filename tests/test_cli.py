@@ -103,7 +103,7 @@ def test_bad_params_name_the_key_and_unknown_stage_is_refused(tmp_path):
 
 
 def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
-    from pipeline.flow import dependencies
+    from pipeline.run_plan import run_plan
     from pipeline.stages import plan
     from tests.conftest import ROOT, project_params
 
@@ -117,7 +117,7 @@ def test_plan_runs_per_task_stages_per_task_and_narrows_to_one_task():
     assert names[-1] == "transfer" and len(names) == 7 + 2 * len(tasks) + len(fits)
     # A stage runs once those it reads have: a task's branch waits for its data and the encoder,
     # not for the other tasks'.
-    upstream = dependencies(dict.fromkeys(names, ROOT / "params.yaml"))
+    upstream = run_plan(ROOT, dict.fromkeys(names, ROOT / "params.yaml"), kept=False).upstream
     assert upstream["task_data@trec-6"] == set()
     assert upstream["finetune@trec-6-scratch"] == {*names[:6], "task_data@trec-6"}
     trec = [f for f in fits if "trec-6-" in f]
