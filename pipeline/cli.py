@@ -369,11 +369,12 @@ def report(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """One self-contained HTML report of the latest run: data stats per stage, pretraining
-    curves, per-task metrics and plots, the transfer table, the registry (works offline)."""
+    curves, per-task metrics and plots, the transfer table, where each stage ran, the registry
+    (works offline)."""
     from datetime import UTC, datetime
 
     from components.core.io import atomic_file
-    from components.core.tracking import git_state
+    from components.core.tracking import git_state, latest_stages
     from components.lifecycle.registry import listing
     from components.lifecycle.report import build_report
     from pipeline.drift import drift
@@ -387,7 +388,7 @@ def report(
     if lines := drift(root, root / p.paths.metrics):
         header["reference"] = " ".join(line.strip() for line in lines)
     page = build_report(root / p.paths.metrics, f"bertflow report: {root.name}",
-                        listing(mlflow_client(params)), header)
+                        listing(mlflow_client(params)), header, latest_stages(p.tracking, root))
     with atomic_file(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     typer.echo(f"{out}: {len(page) / 1e6:.1f} MB, open it in any browser (no network needed)")

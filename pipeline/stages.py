@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -604,7 +605,8 @@ def run_stage(name: str, params_path: Path, parent_run_id: str | None = None,
         stats = stage.call(p, at, run)
         # Facts of this execution (wall minutes, workers, a resume) go to MLflow only: the
         # metrics file is a DVC output, equal on every rerun with the same inputs.
-        this_run = {"seconds": time.perf_counter() - start, **stats.pop("this_run", {})}
+        this_run = {"seconds": time.perf_counter() - start, "host": socket.gethostname(),
+                    **stats.pop("this_run", {})}
         out = metrics_file(p, root, name)
         write_json(out, stats)
         run.log_metrics({**stats, "this_run": this_run})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 
 import pyarrow as pa
 import pytest
@@ -387,7 +388,9 @@ def test_every_task_kind_trains_predicts_exports_and_is_scored(arch, request, tm
             if name == "reviews":  # every review is longer than one window
                 assert stats["train_windows"] > stats["train_examples"]
             this_run = stats.pop("this_run")  # MLflow only, as run_stage does
-            assert set(this_run) == {"workers", *(f"{fit}.minutes" for fit in stats["fits"])}
+            minutes = {f"{fit}.minutes" for fit in stats["fits"]}
+            assert set(this_run) == {"workers", "cluster", "hosts", *minutes}
+            assert this_run["cluster"] == "local" and this_run["hosts"] == socket.gethostname()
             assert not any("minutes" in fit for fit in stats["fits"].values())  # wall time is not an output
             # Every start exports its own first seed.
             assert read_task_model_info(model_dir / init / "model").fit == f"{init}-s1"

@@ -435,6 +435,9 @@ def test_the_report_holds_every_stage_task_and_model_and_needs_no_network(projec
     assert all(f"<td>{transfer[task]['steps']['pretrained']['mean']:,.0f} ± " in cost for task in TASKS)
     images = re.findall(r'src="data:image/png;base64,', page)
     assert len(images) >= 1 + len(TASKS)  # the pretraining curve, at least a plot per task
+    ran = page.split("Where the latest run's stages ran")[1].split("<h2>")[0]  # each on this host
+    assert all(f"<td>finetune@{task}-pretrained</td>" in ran for task in TASKS)
+    assert f"<td>{socket.gethostname()}</td>" in ran and f"<td>local: {socket.gethostname()}</td>" in ran
 
 
 # A project that travels --------------------------------------------------------------------------

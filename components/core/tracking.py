@@ -219,6 +219,31 @@ class MlflowRun:
         return version.version
 
 
+def latest_stages(cfg: TrackingConfig, root: Path) -> list[dict[str, Any]]:
+    """The stages of the latest flow run, in the order they started: name, status, start and
+    end (ms), minutes (None if skipped), the host that ran it, and for a stage that trains fits
+    where they ran (`local` or a Dask scheduler's address) and their hosts."""
+    c = client(cfg, root)
+    exp = c.get_experiment_by_name(cfg.experiment)
+    flows = exp and c.search_runs([exp.experiment_id], "attributes.run_name = 'pipeline'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+    if not flows:
+        return []
+    runs = c.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{flows[0].info.run_id}'",
+                         order_by=["attributes.start_time ASC"], max_results=1000)
+    rows = []
+    for run in runs:
+        tags, seconds = run.data.tags, run.data.metrics.get("this_run.seconds")
+        if "bertflow.stage" in tags:
+            rows.append({"stage": run.info.run_name, "status": tags.get("bertflow.status", ""),
+                         "start": run.info.start_time, "end": run.info.end_time,
+                         "minutes": seconds / 60 if seconds is not None else None,
+                         "host": tags.get("bertflow.this_run.host", ""),
+                         "fits": tags.get("bertflow.this_run.cluster", ""),
+                         "fit_hosts": tags.get("bertflow.this_run.hosts", "")})
+    return rows
+
+
 def mlflow_key(key: str) -> str:
     """`key` as a param, metric or tag name that MLflow accepts, one name for one path however
     it is written. MLflow refuses a name holding other characters than alphanumerics and

@@ -90,9 +90,19 @@ def _task(name: str, folder: Path) -> str:
     return "\n".join(parts)
 
 
+def _stages(rows: list[dict]) -> str:
+    """The latest run's stages: status, minutes and where each ran (its fits too)."""
+    if not rows:
+        return '<p class="muted">no run recorded yet</p>'
+    return table(["stage", "status", "minutes", "ran on", "its fits ran on"],
+                 [[r["stage"], r["status"], "" if r["minutes"] is None else f"{r['minutes']:.1f}", r["host"],
+                   f"{r['fits']}: {r['fit_hosts']}" if r["fits"] else ""] for r in rows])
+
+
 def build_report(metrics_dir: Path, title: str, registry_rows: list[dict] | None,
-                 header: dict[str, str]) -> str:
-    """The report's HTML for the metrics folder of a project."""
+                 header: dict[str, str], stage_rows: list[dict]) -> str:
+    """The report's HTML for the metrics folder of a project; `stage_rows`: the latest run's
+    stages (components.core.tracking.latest_stages)."""
     metrics_dir = Path(metrics_dir)
     parts = [f"<h1>{html.escape(title)}</h1>",
              table(["", ""], [[k, v] for k, v in header.items()]),
@@ -107,6 +117,7 @@ def build_report(metrics_dir: Path, title: str, registry_rows: list[dict] | None
     parts.append(_transfer(transfer) if transfer else '<p class="muted">not run yet</p>')
     task_dirs = sorted((metrics_dir / "tasks").glob("*/"))
     parts += [_task(folder.name, folder) for folder in task_dirs]
+    parts += ["<h2>Where the latest run's stages ran</h2>", _stages(stage_rows)]
     parts.append("<h2>Registry</h2>")
     if registry_rows:
         parts.append(table(["model", "versions", "champion", "candidate", "champion's metric", "history"],
