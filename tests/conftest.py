@@ -285,6 +285,8 @@ def stream_pairs(stages_dir, tmp_path_factory) -> Path:
 def tiny_encoder(stages_dir, tmp_path_factory):
     """A tiny encoder exported as the pretrain stage exports it (random weights: these tests
     check the mechanics; what pretraining buys is measured by the pipeline)."""
+    import torch
+
     from components.data.tokenizer import load
     from components.model.build import build_model
     from components.model.folders import write_encoder
@@ -293,6 +295,8 @@ def tiny_encoder(stages_dir, tmp_path_factory):
     vocab = load(stages_dir / "tokenizer").get_vocab_size()
     cfg = encoder_config(vocab, hidden=32, layers=1, heads=2, intermediate=64, max_position=64)
     out = tmp_path_factory.mktemp("encoder") / "encoder"
+    # Seeded: the same weights in every test process, whatever tests it ran before.
+    torch.manual_seed(0)
     write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
     return out
 
@@ -300,6 +304,8 @@ def tiny_encoder(stages_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_modern_encoder(stages_dir, tmp_path_factory):
     """tiny_encoder's twin with ModernBERT's block (a local and a global layer, a window of 8)."""
+    import torch
+
     from components.data.tokenizer import load
     from components.model.build import build_model
     from components.model.folders import write_encoder
@@ -309,6 +315,7 @@ def tiny_modern_encoder(stages_dir, tmp_path_factory):
     cfg = encoder_config(vocab, "modern", hidden=32, layers=2, heads=2, intermediate=48, max_position=64,
                          local_window=8, global_every=2)
     out = tmp_path_factory.mktemp("modern-encoder") / "encoder"
+    torch.manual_seed(0)  # as tiny_encoder's
     write_encoder(build_model(cfg), EncoderInfo(cfg), stages_dir / "tokenizer", out)
     return out
 
