@@ -214,9 +214,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # The longest files, run first: with the suite spread over processes a file at a time (`make
 # test`), a long file started last would keep one process busy after the others are done.
-LONGEST_FIRST = ("test_lifecycle.py", "test_pipeline.py", "test_recovery.py", "test_lock.py",
-                 "test_pretrain.py", "test_finetune.py", "test_distill.py", "test_rough_edges.py",
-                 "test_checkpoint.py")
+LONGEST_FIRST = ("test_pipeline.py", "test_lifecycle.py", "test_pretrain.py", "test_rough_edges.py",
+                 "test_recovery.py", "test_finetune.py", "test_lock.py", "test_checkpoint.py",
+                 "test_distill.py", "test_scaling.py", "test_explore.py", "test_modern.py",
+                 "test_security.py", "test_schedule.py", "test_compile.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -205,3 +205,5 @@ def test_the_gpu_check_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert not tuned["export_missing"] and not tuned["export_unexpected"]
     assert tuned["export_max_logit_delta"] < 1e-4
     assert set(tuned["fits"]) == {"pretrained-s1", "scratch-s1"}
+    fanned = tuned["fanned_out"]  # two fits here, then on a 2-process Dask cluster: the same fits
+    assert (fanned["fits"], fanned["processes"], fanned["same_fits"]) == (2, 2, True)

@@ -7,7 +7,7 @@ keeps them. Taken anew when fine-tuning's dropout went to 0 (issue 69), after th
 change was run against the old ones with dropout 0.1 and kept them. Float results depend on the
 CPU's kernels and the thread count: they are compared where the hashes were taken on the same
 torch CPU capability (the kept file says which); the data stages' results, integer work, are
-compared everywhere.
+compared everywhere (elsewhere the run stops after them: its fits would be compared to nothing).
 
     BERTFLOW_RECORD_HASHES=1 pytest tests/test_restructure.py   writes the file anew
 """
@@ -70,22 +70,26 @@ def _fits(repo: Path, task: str) -> dict[str, dict]:
     return found
 
 
-def results(repo: Path) -> dict:
-    """The tiny pipeline's results: data stages by file, the encoder's weights, each task's data,
-    fits and exported model weights, and the evaluation's figures."""
-    data, models = repo / "data", repo / "data" / "models"
-    trained = {"encoder": _content(models / "encoder" / "model.safetensors")}
+def trained(repo: Path) -> dict:
+    """The tiny pipeline's float results: the encoder's weights, each task's fits and exported
+    model weights, and the evaluation's figures."""
+    models = repo / "data" / "models"
+    found = {"encoder": _content(models / "encoder" / "model.safetensors")}
     for task in TASKS:
         model = next(m.parent for m in (models / "tasks" / task).glob("**/model/bertflow.json")
                      if json.loads(m.read_text())["fit"] == "pretrained-s1")  # the registered one
         model = model / "model.safetensors"
         stats = json.loads((repo / "metrics" / "tasks" / task / "evaluate_stats.json").read_text())
-        trained[task] = {"fits": _fits(repo, task), "model": _content(model),
-                         "scores": hashlib.sha256(json.dumps(stats.get("primary"), sort_keys=True)
-                                                  .encode()).hexdigest()}
-    return {"data": {**{name: _folder(data / name) for name in DATA},
-                     **{f"tasks/{t}": _folder(data / "tasks" / t) for t in TASKS}},
-            "trained": trained}
+        found[task] = {"fits": _fits(repo, task), "model": _content(model),
+                       "scores": hashlib.sha256(json.dumps(stats.get("primary"), sort_keys=True)
+                                                .encode()).hexdigest()}
+    return found
+
+
+def data(repo: Path) -> dict:
+    """The data stages' results by file, each task's data included."""
+    return {**{name: _folder(repo / "data" / name) for name in DATA},
+            **{f"tasks/{t}": _folder(repo / "data" / "tasks" / t) for t in TASKS}}
 
 
 def machine() -> str:
@@ -96,12 +100,18 @@ def machine() -> str:
 def test_a_tiny_pipeline_gives_the_kept_results(tmp_path):
     tasks = {name: {**task, **(SEARCHED if name == "reviews" else {})} for name, task in TASKS.items()}
     repo = make_task_project(tmp_path / "project", tasks, **SETTINGS)
-    run_cli("bertflow", "run", cwd=repo)
-    found = {"machine": machine(), **results(repo)}
-    if os.environ.get("BERTFLOW_RECORD_HASHES"):
+    record = bool(os.environ.get("BERTFLOW_RECORD_HASHES"))
+    kept = None if record else json.loads(KEPT.read_text())
+    # Where the float results are not compared, the fits need not run: the data stages' are.
+    compare_trained = record or kept["machine"] == machine()
+    run_cli("bertflow", "run", *(() if compare_trained else ("--until", "task_data")), cwd=repo)
+    found = {"machine": machine(), "data": data(repo)}
+    if compare_trained:
+        found["trained"] = trained(repo)
+    if record:
         KEPT.parent.mkdir(exist_ok=True)
         KEPT.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
-    kept = json.loads(KEPT.read_text())
+        return
     assert found["data"] == kept["data"]
-    if found["machine"] == kept["machine"]:
+    if compare_trained:
         assert found["trained"] == kept["trained"]

@@ -3,8 +3,9 @@ ModernBERT-base-size modern encoder (eager, and compiled as pretrain.compile doe
 512 tokens against transformers' `BertForPreTraining` and `ModernBertForMaskedLM` (sdpa, bf16,
 eager) on the same device, tokens/s and MFU (against the bf16 matrix-product rate measured in the
 same run, and the device's nominal peak where known); two short fine-tuning fits through the
-pipeline's own code (precision `auto`: bf16-mixed on CUDA); and the modern export loading in
-transformers with equal logits.
+pipeline's own code (precision `auto`: bf16-mixed on CUDA); the modern export loading in
+transformers with equal logits; and four fits one at a time against fanned out on a Dask cluster
+of two worker processes sharing the device.
 
 benchmarks/checks/gpu_check.sh runs it on a GPU after the bf16 probe (at most 4 minutes, its
 timeout); `--tiny` runs the same on CPU in seconds with tiny shapes (the test suite does).
@@ -26,6 +27,7 @@ import torch
 
 from benchmarks.results import measured, write_section
 from benchmarks.speed.pretrain_throughput import measure
+from components.core.config import FinetuneConfig, TaskConfig
 from components.core.params import load_params
 from components.model.config import BertConfig
 from components.training.compiling import backend_missing
@@ -96,7 +98,6 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
     transformers, logits compared."""
     from transformers import AutoModelForMaskedLM
 
-    from components.core.config import TaskConfig
     from components.data.tasks.prepare import prepare_task
     from components.model.build import build_model
     from components.model.folders import write_encoder
@@ -136,7 +137,39 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
                                    encoder_dir=root / "encoder", out_dir=root / init)["fits"])
     return {"export_missing": sorted(loading["missing_keys"]),
             "export_unexpected": sorted(loading["unexpected_keys"]), "export_max_logit_delta": delta,
-            "fits_seconds": time.perf_counter() - began, "fits": fits}
+            "fits_seconds": time.perf_counter() - began, "fits": fits,
+            # tiny: a fit per process, of the task's own 30 steps, what the test suite can afford
+            "fanned_out": fanned_out(task, cfg.model_copy(update={"min_steps": 1}) if tiny else cfg, root,
+                                     fits_each=1 if tiny else 2)}
+
+
+def fanned_out(task: TaskConfig, cfg: FinetuneConfig, root: Path, processes: int = 2,
+               fits_each: int = 2) -> dict:
+    """The pretrained start's fits of `fits_each` × `processes` seeds one at a time in this process, then
+    on a Dask cluster of `processes` one-fit workers on this machine (with a GPU: all on its one
+    device, each worker declaring a `GPU` the fits ask for, as docs/scaling.md's node): the
+    seconds of each (the cluster started beforehand, as a deployment's is) and whether every fit
+    came out the same (steps, best validation score, rate)."""
+    from dask.distributed import LocalCluster
+
+    from components.training.finetune import finetune_start
+    from components.training.workers import Cluster
+
+    cfg = cfg.model_copy(update={"seeds": list(range(1, fits_each * processes + 1))})
+    gpu = {"GPU": 1} if torch.cuda.is_available() else {}
+
+    def fits(out: str, cluster: Cluster | None) -> tuple[float, dict]:
+        began = time.perf_counter()
+        got = finetune_start("reviews", task, cfg, init="pretrained", task_dir=root / "task",
+                             encoder_dir=root / "encoder", out_dir=root / out, cluster=cluster)
+        return time.perf_counter() - began, got["fits"]
+
+    here_s, here = fits("one-at-a-time", None)
+    with LocalCluster(n_workers=processes, threads_per_worker=1, resources=gpu or None,
+                      dashboard_address=None) as local:
+        there_s, there = fits("fanned-out", Cluster(local.scheduler_address, gpu))
+    return {"fits": len(here), "processes": processes, "one_at_a_time_seconds": here_s,
+            "fanned_out_seconds": there_s, "same_fits": here == there}
 
 
 def record(report: dict) -> str:
@@ -153,6 +186,13 @@ def record(report: dict) -> str:
              f"{len(f['export_unexpected'])} unexpected keys, logits within "
              f"{f['export_max_logit_delta']:.1e}." if f else
              f"Fine-tuning and export: not in this report ({report.get('finetuning_error', 'not run')}).")
+    fan = (f or {}).get("fanned_out")
+    fanned = (f"Fits fanned out on one device: the pretrained start's {fan['fits']} fits one at a time "
+              f"took {fan['one_at_a_time_seconds']:.0f} s, on a Dask cluster of {fan['processes']} "
+              f"worker processes {fan['fanned_out_seconds']:.0f} s "
+              f"(**{fan['one_at_a_time_seconds'] / fan['fanned_out_seconds']:.2f}×**), the fits "
+              f"{'the same' if fan['same_fits'] else 'NOT the same'} (steps, best validation score, "
+              "rate)." if fan else "")
     return "\n".join([
         "## GPU check", "", report.get("measured", ""), "",
         "Reproduce: `bash benchmarks/checks/gpu_check.sh` on the GPU (its report, as that run wrote it: "
@@ -168,7 +208,7 @@ def record(report: dict) -> str:
         "included, in the last column).", "",
         "| encoder | tokens × batch | ours tokens/s | transformers tokens/s | ratio | matmul TFLOP/s "
         "| MFU (measured) | MFU (nominal) | our first step (s) |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "", tuned, ""])
+        "|---|---|---|---|---|---|---|---|---|", *rows, "", tuned, "", fanned, ""])
 
 
 def main() -> None:

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.exported import project_option
+from benchmarks.exported import ROOT, project_option
 from benchmarks.results import measured, write_section
+from components.core.io import flatten
 from components.core.params import load_params
 from components.core.tracking import latest_stages
 
@@ -80,6 +81,19 @@ def fan_out(project: Path, workers: int) -> tuple[float, bool]:
     return fine_tuning_minutes(project), (project / "dvc.lock").read_bytes() == lock
 
 
+def project_line(project: Path) -> str:
+    """What the project's run was: its tasks, and each setting where its params.yaml is not this
+    checkout's (the default run's), so a row measured on a cut-down clone says so."""
+    ours, theirs = (yaml.safe_load((root / "params.yaml").read_text()) for root in (ROOT, project))
+    tasks = list(theirs["finetune"].pop("tasks"))
+    ours["finetune"].pop("tasks")
+    default, got = flatten(ours), flatten(theirs)
+    changed = [f"{key} {got.get(key)}" for key in sorted(default.keys() | got.keys())
+               if default.get(key) != got.get(key)]
+    rest = "the default params otherwise" if not changed else "the default params but " + ", ".join(changed)
+    return f"Project: the fine-tuning of {len(tasks)} tasks ({', '.join(tasks)}), {rest}."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     project_option(parser)
@@ -91,9 +105,9 @@ def main() -> None:
             for w, (minutes, same) in got.items()]
     write_section("\n".join([
         SECTION, "", measured(), "",
-        f"Reproduce: `python -m benchmarks.speed.fanout --workers {' '.join(map(str, args.workers))}` "
-        "(a throwaway clone after `make run`; each variant its own scheduler and one-thread workers, "
-        "executor.stages 2).", "",
+        "Reproduce: `python -m benchmarks.speed.fanout --project DIR --workers "
+        f"{' '.join(map(str, args.workers))}` (DIR a throwaway clone after `make run`; each variant "
+        "its own scheduler and one-thread workers, executor.stages 2).", "", project_line(args.project), "",
         "| Dask workers | fine-tuning minutes | speed-up | same dvc.lock |", "|---|---|---|---|", *rows, ""]))
 
 
