@@ -7,7 +7,7 @@ pipeline's own code (precision `auto`: bf16-mixed on CUDA); the modern export lo
 transformers with equal logits; and four fits one at a time against fanned out on a Dask cluster
 of two worker processes sharing the device.
 
-benchmarks/checks/gpu_check.sh runs it on a GPU after the bf16 probe (at most 4 minutes, its
+benchmarks/checks/gpu_check.sh runs it on a GPU after the bf16 probe (at most 260 s, its
 timeout); `--tiny` runs the same on CPU in seconds with tiny shapes (the test suite does).
 
 Usage:  python -m benchmarks.checks.gpu_check [--tiny] [--steps 10] [--out gpu_check.json]
@@ -123,13 +123,8 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
         ours = model.eval().mlm.logits(model.encoder(ids))
         delta = (ours - theirs.eval()(input_ids=ids).logits).abs().max().item()
 
-    p = load_params(ROOT / "params.yaml")
-    # params.yaml's task settings, at its first rate (no search) for two epochs.
-    task = TaskConfig.model_validate({**p.finetune.task_defaults.model_dump(), "kind": "classification",
-                                      "source": "reviews.csv", "lr": p.finetune.task_defaults.lr[:1],
-                                      "epochs": 2})
+    task, cfg = review_task()
     prepare_task("reviews", task, root, root / "packages", root / "task")
-    cfg = p.finetune.model_copy(update={"tasks": {"reviews": task}, "seeds": [1], "workers": 1})
     began = time.perf_counter()
     fits = {}
     for init in ("pretrained", "scratch"):  # a start each, as their stages run them
@@ -137,25 +132,34 @@ def finetune_and_export(tiny: bool, root: Path) -> dict:
                                    encoder_dir=root / "encoder", out_dir=root / init)["fits"])
     return {"export_missing": sorted(loading["missing_keys"]),
             "export_unexpected": sorted(loading["unexpected_keys"]), "export_max_logit_delta": delta,
-            "fits_seconds": time.perf_counter() - began, "fits": fits,
-            # tiny: a fit per process, of the task's own 30 steps, what the test suite can afford
-            "fanned_out": fanned_out(task, cfg.model_copy(update={"min_steps": 1}) if tiny else cfg, root,
-                                     fits_each=1 if tiny else 2)}
+            "fits_seconds": time.perf_counter() - began, "fits": fits}
 
 
-def fanned_out(task: TaskConfig, cfg: FinetuneConfig, root: Path, processes: int = 2,
-               fits_each: int = 2) -> dict:
-    """The pretrained start's fits of `fits_each` × `processes` seeds one at a time in this process, then
-    on a Dask cluster of `processes` one-fit workers on this machine (with a GPU: all on its one
-    device, each worker declaring a `GPU` the fits ask for, as docs/scaling.md's node): the
-    seconds of each (the cluster started beforehand, as a deployment's is) and whether every fit
-    came out the same (steps, best validation score, rate)."""
+def review_task() -> tuple[TaskConfig, FinetuneConfig]:
+    """The made-up review task at params.yaml's task settings, its first rate (no search), two
+    epochs; params.yaml's fine-tuning settings, one seed, fits in this process."""
+    p = load_params(ROOT / "params.yaml")
+    task = TaskConfig.model_validate({**p.finetune.task_defaults.model_dump(), "kind": "classification",
+                                      "source": "reviews.csv", "lr": p.finetune.task_defaults.lr[:1],
+                                      "epochs": 2})
+    return task, p.finetune.model_copy(update={"tasks": {"reviews": task}, "seeds": [1], "workers": 1})
+
+
+def fanned_out(tiny: bool, root: Path, processes: int = 2) -> dict:
+    """The review task's pretrained start (finetune_and_export's, in `root`), 2 × `processes`
+    fits (tiny: one each, of the task's own 30 steps, what the test suite can afford) one at a
+    time in this process, then on a Dask cluster of `processes` one-fit workers on this machine
+    (with a GPU: all on its one device, each worker declaring a `GPU` the fits ask for, as
+    docs/scaling.md's node): the seconds of each (the cluster started beforehand, as a
+    deployment's is) and whether every fit came out the same (steps, best validation score, rate)."""
     from dask.distributed import LocalCluster
 
     from components.training.finetune import finetune_start
     from components.training.workers import Cluster
 
-    cfg = cfg.model_copy(update={"seeds": list(range(1, fits_each * processes + 1))})
+    task, cfg = review_task()
+    cfg = cfg.model_copy(update={"seeds": list(range(1, (1 if tiny else 2) * processes + 1)),
+                                 **({"min_steps": 1} if tiny else {})})
     gpu = {"GPU": 1} if torch.cuda.is_available() else {}
 
     def fits(out: str, cluster: Cluster | None) -> tuple[float, dict]:
@@ -228,6 +232,8 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=2) + "\n")  # kept if the fits fail
     with tempfile.TemporaryDirectory() as tmp:
         report["finetuning"] = finetune_and_export(args.tiny, Path(tmp))
+        args.out.write_text(json.dumps(report, indent=2) + "\n")  # kept if the fan-out fails
+        report["finetuning"]["fanned_out"] = fanned_out(args.tiny, Path(tmp))
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["finetuning"]))
 

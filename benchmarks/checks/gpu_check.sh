@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, one prepared run of at most 9.5 minutes on a machine with an NVIDIA GPU: installs
+# The GPU checks, one prepared run of at most 10 minutes on a machine with an NVIDIA GPU: installs
 # the project if it is not yet (or runs under $PYTHON, an interpreter that already has the
 # project's packages), then
 #  1. bf16 against fp32 through the pipeline's CUDA path: the transfer probe
@@ -36,5 +36,5 @@ if [ -d data/pairs/train ] && [ -d data/tasks ]; then
     tail -n 2 "$probe"/*.log
 fi
 
-timeout "${CHECK_SECONDS:-230}" "$PYTHON" -m benchmarks.checks.gpu_check --out "$OUT/gpu_check.json" "$@"
+timeout "${CHECK_SECONDS:-260}" "$PYTHON" -m benchmarks.checks.gpu_check --out "$OUT/gpu_check.json" "$@"
 cat "$OUT/gpu_check.json"
