@@ -196,7 +196,7 @@ def record(report: dict) -> str:
               f"worker processes {fan['fanned_out_seconds']:.0f} s "
               f"(**{fan['one_at_a_time_seconds'] / fan['fanned_out_seconds']:.2f}×**), the fits "
               f"{'the same' if fan['same_fits'] else 'NOT the same'} (steps, best validation score, "
-              "rate)." if fan else "")
+              "rate)." if fan else None)
     return "\n".join([
         "## GPU check", "", report.get("measured", ""), "",
         "Reproduce: `bash benchmarks/checks/gpu_check.sh` on the GPU (its report, as that run wrote it: "
@@ -212,7 +212,7 @@ def record(report: dict) -> str:
         "included, in the last column).", "",
         "| encoder | tokens × batch | ours tokens/s | transformers tokens/s | ratio | matmul TFLOP/s "
         "| MFU (measured) | MFU (nominal) | our first step (s) |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "", tuned, "", fanned, ""])
+        "|---|---|---|---|---|---|---|---|---|", *rows, "", tuned, "", *([fanned, ""] if fanned else [])])
 
 
 def main() -> None:
@@ -229,12 +229,16 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "torch": torch.__version__, "measured": measured(),
               "pretraining": pretraining_rows(device, args.tiny, args.steps), "finetuning": None}
-    args.out.write_text(json.dumps(report, indent=2) + "\n")  # kept if the fits fail
+
+    def save() -> None:  # after each part: what ran is kept if a later part fails or times out
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    save()
     with tempfile.TemporaryDirectory() as tmp:
         report["finetuning"] = finetune_and_export(args.tiny, Path(tmp))
-        args.out.write_text(json.dumps(report, indent=2) + "\n")  # kept if the fan-out fails
+        save()
         report["finetuning"]["fanned_out"] = fanned_out(args.tiny, Path(tmp))
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save()
     print(json.dumps(report["finetuning"]))
 
 
